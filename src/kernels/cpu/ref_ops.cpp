@@ -1,0 +1,228 @@
+#include "kernels/cpu/ref_ops.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "core/dtypes.h"
+
+namespace di::ref {
+namespace {
+
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int i = 0; i < 256; ++i) a[size_t(i)] = e4m3_to_f32(uint8_t(i));
+    return a;
+  }();
+  return t;
+}
+
+// Per-row activation quantization into values (e4m3 as float) and per-32 scales.
+void quantize_row(const float* x, int64_t k, std::vector<float>& q, std::vector<float>& s) {
+  const int64_t nb = (k + 31) / 32;
+  q.resize(size_t(k));
+  s.resize(size_t(nb));
+  thread_local std::vector<uint8_t> codes;
+  codes.resize(size_t(k));
+  act_quant_fp8(x, k, codes.data(), s.data(), 32);
+  const auto& t = e4m3_table();
+  for (int64_t i = 0; i < k; ++i) q[size_t(i)] = t[codes[size_t(i)]];
+}
+
+}  // namespace
+
+void linear_fp8(const float* x, int64_t m, const Fp8Weight& w, float* y) {
+  const auto& t = e4m3_table();
+  const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32;
+  thread_local std::vector<float> q, s;
+  for (int64_t r = 0; r < m; ++r) {
+    quantize_row(x + r * K, K, q, s);
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = w.w + n * K;
+      const uint8_t* sr = w.scale + (n / 32) * nkb;
+      float acc = 0.f;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        double part = 0;
+        for (int64_t k = kb * 32; k < std::min(K, kb * 32 + 32); ++k) part += double(q[size_t(k)]) * t[wr[k]];
+        acc += float(part) * s[size_t(kb)] * e8m0_to_f32(sr[kb]);
+      }
+      y[r * N + n] = round_bf16(acc);
+    }
+  }
+}
+
+void linear_fp4(const float* x, int64_t m, const Fp4Weight& w, float* y) {
+  const int64_t K = w.in, N = w.out, nkb = K / 32;
+  thread_local std::vector<float> q, s;
+  for (int64_t r = 0; r < m; ++r) {
+    quantize_row(x + r * K, K, q, s);
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = w.w + n * (K / 2);
+      const uint8_t* sr = w.scale + n * nkb;
+      float acc = 0.f;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        double part = 0;
+        for (int64_t k = kb * 32; k < kb * 32 + 32; ++k) part += double(q[size_t(k)]) * e2m1_to_f32(fp4_get(wr, k));
+        acc += float(part) * s[size_t(kb)] * e8m0_to_f32(sr[kb]);
+      }
+      y[r * N + n] = round_bf16(acc);
+    }
+  }
+}
+
+void linear_bf16(const float* x, int64_t m, const Bf16Weight& w, float* y, bool round_out) {
+  const int64_t K = w.in, N = w.out;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * K;
+    for (int64_t n = 0; n < N; ++n) {
+      const uint16_t* wr = w.w + n * K;
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(xr[k]) * double(bf16_to_f32(wr[k]));
+      const float v = float(acc);
+      y[r * N + n] = round_out ? round_bf16(v) : v;
+    }
+  }
+}
+
+void linear_f32(const float* x, int64_t m, const F32Weight& w, float* y) {
+  const int64_t K = w.in, N = w.out;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * K;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* wr = w.w + n * K;
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(xr[k]) * double(wr[k]);
+      y[r * N + n] = float(acc);
+    }
+  }
+}
+
+float rms_scale(const float* x, int64_t n, float eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i] * x[i]);
+  const float var = float(ss) / float(n);
+  return 1.0f / std::sqrt(var + eps);
+}
+
+void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y) {
+  const float r = rms_scale(x, n, eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = round_bf16(bf16_to_f32(weight[i]) * (x[i] * r));
+}
+
+void rope_apply(float* x, int64_t n, const float* cos_sin, bool inverse) {
+  for (int64_t i = 0; i < n / 2; ++i) {
+    const float a = x[2 * i], b = x[2 * i + 1];
+    const float c = cos_sin[2 * i], s = inverse ? -cos_sin[2 * i + 1] : cos_sin[2 * i + 1];
+    const float ac = a * c, bs = b * s, as = a * s, bc = b * c;
+    x[2 * i] = round_bf16(ac - bs);
+    x[2 * i + 1] = round_bf16(as + bc);
+  }
+}
+
+void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                      const float* attn_sink, float softmax_scale, float* out) {
+  constexpr int64_t kChunk = 64;
+  thread_local std::vector<float> score, acc;
+  thread_local std::vector<double> part;
+  score.resize(kChunk);
+  acc.resize(size_t(d));
+  part.resize(size_t(d));
+  for (int h = 0; h < n_heads; ++h) {
+    const float* qh = q + int64_t(h) * d;
+    float running_max = -1e30f, denom = 0.f;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
+      const int64_t c1 = std::min(n_rows, c0 + kChunk);
+      float chunk_max = -INFINITY;
+      for (int64_t j = c0; j < c1; ++j) {
+        float s = -INFINITY;
+        if (kv_rows[j]) {
+          double dot = 0;
+          for (int i = 0; i < d; ++i) dot += double(qh[i]) * kv_rows[j][i];
+          s = float(dot) * softmax_scale;
+        }
+        score[size_t(j - c0)] = s;
+        chunk_max = std::max(chunk_max, s);
+      }
+      const float new_max = std::max(running_max, chunk_max);
+      const float rescale = std::exp(running_max - new_max);
+      double psum = 0;
+      std::fill(part.begin(), part.end(), 0.0);
+      for (int64_t j = c0; j < c1; ++j) {
+        const float p = std::exp(score[size_t(j - c0)] - new_max);
+        psum += p;
+        if (!kv_rows[j]) continue;
+        const double pb = round_bf16(p);
+        for (int i = 0; i < d; ++i) part[size_t(i)] += pb * kv_rows[j][i];
+      }
+      denom = denom * rescale + float(psum);
+      for (int i = 0; i < d; ++i) acc[size_t(i)] = acc[size_t(i)] * rescale + float(part[size_t(i)]);
+      running_max = new_max;
+    }
+    denom += std::exp(attn_sink[h] - running_max);
+    for (int i = 0; i < d; ++i) out[int64_t(h) * d + i] = round_bf16(acc[size_t(i)] / denom);
+  }
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+
+void hc_split_sinkhorn(const float* m, const float* scale3, const float* base, int hc, int iters, float eps,
+                       float* pre, float* post, float* comb) {
+  for (int k = 0; k < hc; ++k) {
+    pre[k] = sigmoid(m[k] * scale3[0] + base[k]) + eps;
+    post[k] = 2.f * sigmoid(m[hc + k] * scale3[1] + base[hc + k]);
+  }
+  const int off = 2 * hc;
+  for (int i = 0; i < hc; ++i) {
+    float mx = -INFINITY;
+    for (int j = 0; j < hc; ++j) {
+      comb[i * hc + j] = m[off + i * hc + j] * scale3[2] + base[off + i * hc + j];
+      mx = std::max(mx, comb[i * hc + j]);
+    }
+    float sum = 0.f;
+    for (int j = 0; j < hc; ++j) sum += (comb[i * hc + j] = std::exp(comb[i * hc + j] - mx));
+    for (int j = 0; j < hc; ++j) comb[i * hc + j] = comb[i * hc + j] / sum + eps;
+  }
+  auto normalize_cols = [&] {
+    for (int j = 0; j < hc; ++j) {
+      float sum = 0.f;
+      for (int i = 0; i < hc; ++i) sum += comb[i * hc + j];
+      for (int i = 0; i < hc; ++i) comb[i * hc + j] /= (sum + eps);
+    }
+  };
+  auto normalize_rows = [&] {
+    for (int i = 0; i < hc; ++i) {
+      float sum = 0.f;
+      for (int j = 0; j < hc; ++j) sum += comb[i * hc + j];
+      for (int j = 0; j < hc; ++j) comb[i * hc + j] /= (sum + eps);
+    }
+  };
+  normalize_cols();
+  for (int it = 1; it < iters; ++it) {
+    normalize_rows();
+    normalize_cols();
+  }
+}
+
+}  // namespace di::ref
+
+namespace di::ref {
+void linear_fp8_dequant(const float* x, int64_t m, const Fp8Weight& w, float* y) {
+  const auto& t = e4m3_table();
+  const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * K;
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = w.w + n * K;
+      const uint8_t* sr = w.scale + (n / 32) * nkb;
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(xr[k]) * double(t[wr[k]] * e8m0_to_f32(sr[k / 32]));
+      y[r * N + n] = round_bf16(float(acc));
+    }
+  }
+}
+}  // namespace di::ref

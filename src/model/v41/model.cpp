@@ -1,0 +1,566 @@
+#include "model/v41/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <stdexcept>
+
+#include "core/dtypes.h"
+#include "kernels/cpu/ref_ops.h"
+#include "model/v41/tensor_specs.h"
+
+namespace di::v41 {
+
+namespace {
+
+// Frequencies exactly as the reference computes them in fp32 (precompute_freqs_cis).
+std::vector<float> rope_frequencies(int rd, double base, int64_t original_seq_len, double factor, double beta_fast,
+                                    double beta_slow) {
+  std::vector<float> f(size_t(rd / 2));
+  for (int i = 0; i < rd / 2; ++i) f[size_t(i)] = 1.0f / std::pow(float(base), float(2 * i) / float(rd));
+  if (original_seq_len > 0) {
+    auto corrected_dim = [&](double rotations) {
+      return rd * std::log(double(original_seq_len) / (rotations * 2 * M_PI)) / (2 * std::log(base));
+    };
+    const double low = std::max(std::floor(corrected_dim(beta_fast)), 0.0);
+    const double high = std::min(std::ceil(corrected_dim(beta_slow)), double(rd - 1));
+    const float denom = float(std::max(high - low, 1e-3));
+    for (int i = 0; i < rd / 2; ++i) {
+      const float ramp = std::clamp((float(i) - float(low)) / denom, 0.f, 1.f);
+      const float smooth = 1.f - ramp;
+      const float fi = f[size_t(i)];
+      f[size_t(i)] = fi / float(factor) * (1.f - smooth) + fi * smooth;
+    }
+  }
+  return f;
+}
+
+// Top-k by descending score; at equal scores the lower index wins (the golden data's rule).
+void topk_desc(const float* score, int n, int k, int32_t* out, std::vector<int32_t>& order) {
+  order.resize(size_t(n));
+  std::iota(order.begin(), order.end(), 0);
+  auto better = [score](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), better);
+  std::copy(order.begin(), order.begin() + k, out);
+}
+
+// hc_pre: sum_k pre_k * X_k in fp32, one bf16 rounding.
+void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y) {
+  for (int d = 0; d < dim; ++d) {
+    float acc = 0.f;
+    for (int k = 0; k < hc; ++k) acc += pre[k] * X[size_t(k) * dim + d];
+    y[d] = round_bf16(acc);
+  }
+}
+
+// hc_post: Y_j = post_j * f + sum_i C_ij X_i, fp32, one bf16 rounding.
+void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y) {
+  for (int j = 0; j < hc; ++j)
+    for (int d = 0; d < dim; ++d) {
+      float acc = 0.f;
+      for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * X[size_t(i) * dim + d];
+      Y[size_t(j) * dim + d] = round_bf16(post[j] * f[d] + acc);
+    }
+}
+
+template <class T>
+T* sized(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+}  // namespace
+
+struct Model::Ctx {
+  SequenceState& st;
+  Workspace& ws;
+  const ForwardOptions& opts;
+  int64_t start;
+  int S;
+  float* stream;   // [S][hc][dim]
+  float* pre_mix;  // [S][hc]
+  // What a layer hands to later layers of the same call (the reference's shared slots).
+  int kv_source = -1;      // most recent KV-source layer
+  int index_k_owner = -1;  // most recent index-key owner (PerSource policy)
+  int topk_k = 0;          // entries per query in ws.topk, from the most recent index source
+  int candidate_width = -1;
+  int new_entries = 0;     // compressed entries the current KV source produced in this call
+};
+
+std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptions& opts) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<Model> m(new Model());
+  const std::string config_path = (fs::path(model_dir) / "config.json").string();
+  if (!fs::exists(config_path)) throw LoadError(model_dir + ": no config.json (not a model directory)");
+  m->cfg_ = V41Config::from_hf_file(config_path);
+  m->cfg_.validate(config_path);
+  m->ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(model_dir));
+  validate_v41_checkpoint(*m->ckpt_, m->cfg_);
+  m->w_ = bind_weights(*m->ckpt_, m->cfg_);
+  m->policy_ = opts.index_key_policy;
+  const auto& c = m->cfg_;
+  if (!c.engram_layer_ids.empty()) {
+    const std::string tok = opts.tokenizer_path.empty() ? (fs::path(model_dir) / "tokenizer.json").string() : opts.tokenizer_path;
+    if (!fs::exists(tok))
+      throw LoadError(tok + ": tokenizer.json not found (the Engram token map is built from it; pass --tokenizer)");
+    m->token_map_ = build_engram_token_map_from_file(tok);
+    m->engram_ = make_engram_constants(c, m->token_map_);
+    for (const auto& L : m->w_.layers) {
+      if (!L.has_engram) continue;
+      for (int64_t i = 0; i < L.engram.q_weight.n; ++i)
+        m->wqk_.push_back(bf16_to_f32(L.engram.q_weight.p[i]) * bf16_to_f32(L.engram.k_weight.p[i]));
+    }
+  }
+  m->freqs_base_ = rope_frequencies(c.rope_head_dim, c.rope_theta, 0, c.rope_factor, c.beta_fast, c.beta_slow);
+  m->freqs_yarn_ = rope_frequencies(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len, c.rope_factor,
+                                    c.beta_fast, c.beta_slow);
+  return m;
+}
+
+const float* Model::rope_table(int layer, int64_t pos, float* buf) const {
+  const auto& f = cfg_.compress_ratio(layer) ? freqs_yarn_ : freqs_base_;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const float angle = float(pos) * f[i];
+    buf[2 * i] = std::cos(angle);
+    buf[2 * i + 1] = std::sin(angle);
+  }
+  return buf;
+}
+
+void Model::hc_mixes(const HcWeights& w, const float* stream, int S, float* pre, float* post, float* comb,
+                     Workspace& ws) const {
+  const int hc = cfg_.hc_mult, flat = hc * cfg_.dim, nmix = (2 + hc) * hc;
+  float* mix = sized(ws.mix, size_t(nmix));
+  for (int s = 0; s < S; ++s) {
+    const float* xs = stream + size_t(s) * flat;
+    const float r = ref::rms_scale(xs, flat, cfg_.norm_eps);
+    ref::linear_f32(xs, 1, w.fn, mix);
+    for (int k = 0; k < nmix; ++k) mix[k] *= r;
+    ref::hc_split_sinkhorn(mix, w.scale.p, w.base.p, hc, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, pre + s * hc,
+                           post + s * hc, comb + s * hc * hc);
+  }
+}
+
+void Model::engram(int layer, Ctx& c) const {
+  const auto& E = w_.layers[size_t(layer)].engram;
+  const int hc = cfg_.hc_mult, dim = cfg_.dim, hd = cfg_.engram_head_dim;
+  const int cols = engram_.hash_cols(), nl = engram_.n_layers();
+  int li = 0;
+  while (engram_.layer_ids[size_t(li)] != layer) ++li;
+  const float* wqk = wqk_.data() + size_t(li) * hc * dim;
+  float* emb = sized(c.ws.tmp, size_t(cols) * hd);
+  float* kv = sized(c.ws.y, size_t(hc + 1) * dim);
+  const float dim_scale = float(std::pow(double(dim), -0.5));
+  for (int s = 0; s < c.S; ++s) {
+    const int32_t* ids = c.ws.hash_ids.data() + (size_t(s) * nl + li) * cols;
+    for (int j = 0; j < cols; ++j) {
+      const uint8_t* row = E.table + int64_t(ids[j]) * hd;
+      const uint8_t* sc = E.table_scale + int64_t(ids[j]) * (hd / 32);
+      for (int d = 0; d < hd; ++d) emb[j * hd + d] = e4m3_to_f32(row[d]) * e8m0_to_f32(sc[d / 32]);
+    }
+    ref::linear_fp8(emb, 1, E.wkv, kv);
+    const float* value = kv + size_t(hc) * dim;
+    for (int k = 0; k < hc; ++k) {
+      float* X = c.stream + (size_t(s) * hc + k) * dim;
+      const float* key = kv + size_t(k) * dim;
+      const float rstd = ref::rms_scale(X, dim, cfg_.norm_eps) * ref::rms_scale(key, dim, cfg_.norm_eps);
+      double dot = 0;
+      for (int d = 0; d < dim; ++d) dot += (X[d] * wqk[k * dim + d]) * key[d];
+      const float g = float(dot) * rstd * dim_scale;
+      const float gate = ref::sigmoid(std::copysign(std::sqrt(std::max(std::fabs(g), 1e-6f)), g));
+      for (int d = 0; d < dim; ++d) X[d] = round_bf16(X[d] + gate * value[d]);
+    }
+  }
+}
+
+void Model::compress(int layer, Ctx& c, const float* x) const {
+  const auto& A = w_.layers[size_t(layer)].attn;
+  auto& Ls = c.st.layers()[size_t(layer)];
+  const int D = cfg_.head_dim, ID = cfg_.index_head_dim, rd = cfg_.rope_head_dim, r = cfg_.compress_ratio(layer);
+  const int cap = c.st.comp_cap();
+  float* latent = sized(c.ws.tmp, size_t(D));
+  float* key = sized(c.ws.iq, size_t(ID));
+  float cs[256];
+  c.new_entries = 0;
+  auto emit = [&](int64_t j, float* lat) {
+    // Index keys come from the pre-RoPE latent, then the latent itself is rotated and FP4-QDQ'd.
+    float* k = key;
+    ref::linear_bf16(lat, 1, A.indexer.wk, k, true);
+    ref::rms_norm(k, A.indexer.k_norm.p, ID, cfg_.norm_eps, k);
+    ref::rope_apply(k + ID - rd, rd, rope_table(layer, j * r, cs), false);
+    act_qdq_fp4_e8m0(k, ID, 32);
+    std::copy(k, k + ID, Ls.index_keys.append());
+    ref::rope_apply(lat + D - rd, rd, cs, false);
+    act_qdq_fp4_e4m3(lat, D, 16);
+    std::copy(lat, lat + D, Ls.compressed_kv.append());
+    ++c.new_entries;
+  };
+  if (r == 1) {
+    for (int s = 0; s < c.S; ++s) {
+      ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, latent, true);
+      ref::rms_norm(latent, A.compressor.norm.p, D, cfg_.norm_eps, latent);
+      emit(c.start + s, latent);
+    }
+    return;
+  }
+  // Ratio > 1: fp32 projections of every token are kept in a ring; a group is pooled (per-channel
+  // softmax over its r tokens) when its last token arrives, whichever call that happens in.
+  for (int s = 0; s < c.S; ++s) {
+    const int64_t t = c.start + s;
+    float* slot = Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
+    ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, slot, false);
+    ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wgate, slot + D, false);
+    if ((t + 1) % r != 0) continue;
+    const int64_t j = t / r;
+    for (int d = 0; d < D; ++d) {
+      float mx = -INFINITY;
+      for (int q = 0; q < r; ++q) mx = std::max(mx, Ls.comp_inputs[size_t((j * r + q) % cap) * 2 * D + D + d]);
+      float e[16], sum = 0.f;
+      for (int q = 0; q < r; ++q) sum += (e[q] = std::exp(Ls.comp_inputs[size_t((j * r + q) % cap) * 2 * D + D + d] - mx));
+      float acc = 0.f;
+      for (int q = 0; q < r; ++q) acc += Ls.comp_inputs[size_t((j * r + q) % cap) * 2 * D + d] * (e[q] / sum);
+      latent[d] = round_bf16(acc);
+    }
+    ref::rms_norm(latent, A.compressor.norm.p, D, cfg_.norm_eps, latent);
+    emit(j, latent);
+  }
+}
+
+void Model::index_select(int layer, Ctx& c, const float* x, const float* qr) const {
+  const auto& I = w_.layers[size_t(layer)].attn.indexer;
+  const int r = cfg_.compress_ratio(layer), IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, rd = cfg_.rope_head_dim;
+  const int64_t end = c.start + c.S, width = end / r;
+  auto& ws = c.ws;
+  if (width == 0) {
+    c.topk_k = 0;
+    return;
+  }
+  // Whose index keys to score against.
+  const bool owner = cfg_.is_kv_source(layer);
+  int keys_layer;
+  if (policy_ == IndexKeyPolicy::PerSource) {
+    if (owner) c.index_k_owner = layer;
+    keys_layer = c.index_k_owner;
+  } else {
+    if (owner && c.new_entries > 0) c.st.index_k_publisher = layer;
+    keys_layer = c.st.index_k_publisher >= 0 ? c.st.index_k_publisher : layer;
+  }
+  const RowCache& keys = c.st.layers()[size_t(keys_layer)].index_keys;
+
+  float* iq = sized(ws.iq, size_t(c.S) * IH * ID);
+  float* iw = sized(ws.iw, size_t(c.S) * IH);
+  float cs[256];
+  ref::linear_fp8(qr, c.S, I.wq_b, iq);
+  ref::linear_bf16(x, c.S, I.weights_proj, iw, true);
+  const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
+  for (int s = 0; s < c.S; ++s) {
+    rope_table(layer, c.start + s, cs);
+    for (int h = 0; h < IH; ++h) {
+      float* qh = iq + (size_t(s) * IH + h) * ID;
+      ref::rope_apply(qh + ID - rd, rd, cs, false);
+      act_qdq_fp4_e8m0(qh, ID, 32);
+      iw[s * IH + h] = round_bf16(iw[s * IH + h] * wscale);
+    }
+  }
+  float* score = sized(ws.scores, size_t(c.S) * width);
+  for (int s = 0; s < c.S; ++s) {
+    const int64_t visible = (c.start + s + 1) / r;
+    for (int64_t u = 0; u < width; ++u) {
+      float& out = score[size_t(s) * width + u];
+      if (u >= visible || u >= keys.size()) { out = -INFINITY; continue; }
+      const float* k = keys.row(u);
+      float acc = 0.f;
+      for (int h = 0; h < IH; ++h) {
+        const float* qh = iq + (size_t(s) * IH + h) * ID;
+        double dot = 0;
+        for (int d = 0; d < ID; ++d) dot += double(qh[d]) * k[d];
+        const float v = std::max(round_bf16(float(dot)), 0.f);
+        acc += round_bf16(v * iw[s * IH + h]);
+      }
+      out = round_bf16(acc);
+    }
+  }
+  // Candidate pre-filter: the source keeps its best blocks (plus the newest one) per query; later
+  // index sources mask everything outside them.
+  const int cand = cfg_.candidate_source_layer;
+  if (layer == cand) {
+    const int bs = cfg_.candidate_block_size;
+    const int64_t nb = (width + bs - 1) / bs;
+    const int keep_n = int(std::min<int64_t>(cfg_.candidate_topk_blocks, nb));
+    uint8_t* mask = sized(ws.candidate_mask, size_t(c.S) * width);
+    float* bscore = sized(ws.block_scores, size_t(nb));
+    int32_t* top = sized(ws.top_blocks, size_t(keep_n));
+    for (int s = 0; s < c.S; ++s) {
+      const float* sc = score + size_t(s) * width;
+      const int64_t visible = (c.start + s + 1) / r;
+      const int64_t last = visible >= 1 ? (visible - 1) / bs : -1;
+      for (int64_t b = 0; b < nb; ++b) {
+        float mx = -INFINITY;
+        for (int64_t u = b * bs; u < std::min(width, (b + 1) * bs); ++u) mx = std::max(mx, sc[u]);
+        bscore[b] = b == last ? INFINITY : mx;
+      }
+      topk_desc(bscore, int(nb), keep_n, top, ws.order);
+      std::fill(mask + size_t(s) * width, mask + size_t(s + 1) * width, uint8_t(0));
+      for (int t = 0; t < keep_n; ++t) {
+        if (!(bscore[top[t]] > -INFINITY)) continue;
+        const int64_t b = top[t];
+        for (int64_t u = b * bs; u < std::min(width, (b + 1) * bs); ++u) mask[size_t(s) * width + u] = 1;
+      }
+    }
+    c.candidate_width = int(width);
+  } else if (cand >= 0 && cand < layer && c.candidate_width >= 0) {
+    if (c.candidate_width != width)
+      throw std::logic_error("candidate mask width " + std::to_string(c.candidate_width) + " != index width " +
+                             std::to_string(width) + " at layer " + std::to_string(layer));
+    for (size_t i = 0; i < size_t(c.S) * width; ++i)
+      if (!ws.candidate_mask[i]) score[i] = -INFINITY;
+  }
+  // Top-k in position order; entries the query cannot see yet become -1.
+  const int k = int(std::min<int64_t>(cfg_.index_topk, width));
+  int32_t* topk = sized(ws.topk, size_t(c.S) * k);
+  for (int s = 0; s < c.S; ++s) {
+    int32_t* row = topk + size_t(s) * k;
+    topk_desc(score + size_t(s) * width, int(width), k, row, ws.order);
+    std::sort(row, row + k);
+    const int64_t visible = (c.start + s + 1) / r;
+    for (int t = 0; t < k; ++t)
+      if (row[t] >= visible) row[t] = -1;
+  }
+  c.topk_k = k;
+  if (c.opts.observer) c.opts.observer->on_index_topk(layer, c.start, c.S, k, topk);
+}
+
+void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
+  const auto& A = w_.layers[size_t(layer)].attn;
+  auto& ws = c.ws;
+  auto& Ls = c.st.layers()[size_t(layer)];
+  const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
+  const int G = cfg_.o_groups, R = cfg_.o_lora_rank, ratio = cfg_.compress_ratio(layer);
+  const int S = c.S, cap = c.st.window_cap();
+  float cs[256];
+
+  float* qr = sized(ws.qr, size_t(S) * cfg_.q_lora_rank);
+  float* q = sized(ws.q, size_t(S) * H * D);
+  ref::linear_fp8(x, S, A.wq_a, qr);
+  for (int s = 0; s < S; ++s) ref::rms_norm(qr + size_t(s) * cfg_.q_lora_rank, A.q_norm.p, cfg_.q_lora_rank, cfg_.norm_eps, qr + size_t(s) * cfg_.q_lora_rank);
+  ref::linear_fp8(qr, S, A.wq_b, q);
+  // Window KV: one latent per token (K = V), rotated, then FP8-QDQ'd over all of head_dim.
+  float* kv = sized(ws.kv, size_t(S) * D);
+  ref::linear_fp8(x, S, A.wkv, kv);
+  for (int s = 0; s < S; ++s) {
+    rope_table(layer, c.start + s, cs);
+    for (int h = 0; h < H; ++h) ref::rope_apply(q + (size_t(s) * H + h) * D + D - rd, rd, cs, false);
+    float* kr = kv + size_t(s) * D;
+    ref::rms_norm(kr, A.kv_norm.p, D, cfg_.norm_eps, kr);
+    ref::rope_apply(kr + D - rd, rd, cs, false);
+    act_qdq_fp8(kr, D, 32);
+  }
+  if (ratio) {
+    if (A.has_compressor) {
+      compress(layer, c, x);
+      c.kv_source = layer;
+    }
+    if (A.has_indexer) index_select(layer, c, x, qr);
+  }
+  const RowCache* ckv = (ratio && c.kv_source >= 0) ? &c.st.layers()[size_t(c.kv_source)].compressed_kv : nullptr;
+  const int k = ratio ? c.topk_k : 0;
+
+  float* o = sized(ws.attn_out, size_t(S) * H * D);
+  std::vector<const float*>& rows = ws.rows;
+  rows.resize(size_t(W + k));
+  const float scale = float(std::pow(double(D), -0.5));
+  for (int s = 0; s < S; ++s) {
+    const int64_t t = c.start + s;
+    // Canonical list for position t: window positions ascending, padded to `window` with -1,
+    // then the selected compressed entries. It depends on t only, so chunking cannot change it.
+    int n = 0;
+    for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
+      rows[size_t(n++)] = p >= c.start ? kv + size_t(p - c.start) * D : Ls.window.data() + size_t(p % cap) * D;
+    while (n < W) rows[size_t(n++)] = nullptr;
+    for (int j = 0; j < k; ++j) {
+      const int32_t e = ws.topk[size_t(s) * k + j];
+      rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
+    }
+    float* os = o + size_t(s) * H * D;
+    ref::sparse_attention(q + size_t(s) * H * D, H, D, rows.data(), n, A.attn_sink.p, scale, os);
+    rope_table(layer, t, cs);
+    for (int h = 0; h < H; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
+  }
+  for (int64_t p = std::max<int64_t>(c.start, c.start + S - cap); p < c.start + S; ++p)
+    std::copy(kv + size_t(p - c.start) * D, kv + size_t(p - c.start + 1) * D, Ls.window.data() + size_t(p % cap) * D);
+
+  // Grouped low-rank output: group g projects only its own heads (block-diagonal wo_a).
+  const int gin = H * D / G;
+  float* z = sized(ws.y, size_t(S) * G * R);
+  float* gx = sized(ws.tmp, size_t(S) * gin);
+  float* gz = sized(ws.mix, size_t(S) * R);
+  for (int g = 0; g < G; ++g) {
+    for (int s = 0; s < S; ++s) std::copy(o + size_t(s) * H * D + size_t(g) * gin, o + size_t(s) * H * D + size_t(g + 1) * gin, gx + size_t(s) * gin);
+    const int64_t nkb = (A.wo_a.in + 31) / 32;
+    const ref::Fp8Weight wg{A.wo_a.w + int64_t(g) * R * A.wo_a.in, A.wo_a.scale + int64_t(g) * R / 32 * nkb, R, A.wo_a.in};
+    ref::linear_fp8_dequant(gx, S, wg, gz);
+    for (int s = 0; s < S; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(g) * R);
+  }
+  ref::linear_fp8(z, S, A.wo_b, out);
+}
+
+void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
+  const auto& F = w_.layers[size_t(layer)].moe;
+  auto& ws = c.ws;
+  const int E = cfg_.n_routed_experts, K = cfg_.n_activated_experts, dim = cfg_.dim, I = cfg_.moe_inter_dim;
+  const float L = cfg_.swiglu_limit;
+  float* logits = sized(ws.scores, size_t(E) * 2);
+  float* biased = logits + E;
+  int32_t* ids = sized(ws.expert_ids, size_t(c.S) * K);
+  float* wts = sized(ws.expert_w, size_t(c.S) * K);
+  float* g = sized(ws.moe_gate, size_t(I));
+  float* u = sized(ws.moe_up, size_t(I));
+  float* eo = sized(ws.moe_out, size_t(dim));
+  float* acc = sized(ws.moe_acc, size_t(dim));
+  int32_t* slot = sized(ws.slots, size_t(K));
+  // SwiGLU with the training clamps (up both sides, gate from above); fp32, one bf16 rounding
+  // of the (weighted) hidden before w2.
+  auto expert = [&](const float* xin, const auto& w1, const auto& w2, const auto& w3, const float* weight, auto lin) {
+    lin(xin, 1, w1, g);
+    lin(xin, 1, w3, u);
+    for (int i = 0; i < I; ++i) {
+      const float up = std::clamp(u[i], -L, L), gate = std::min(g[i], L);
+      float h = ref::silu(gate) * up;
+      if (weight) h = *weight * h;
+      g[i] = round_bf16(h);
+    }
+    lin(g, 1, w2, eo);
+  };
+  for (int s = 0; s < c.S; ++s) {
+    const float* xs = x + size_t(s) * dim;
+    ref::linear_bf16(xs, 1, F.gate, logits, false);
+    for (int e = 0; e < E; ++e) {
+      logits[e] = std::sqrt(ref::softplus(logits[e]));
+      biased[e] = logits[e] + F.gate_bias.p[e];
+    }
+    int32_t* sel = ids + size_t(s) * K;
+    float* w = wts + size_t(s) * K;
+    topk_desc(biased, E, K, sel, ws.order);
+    float sum = 0.f;
+    for (int k = 0; k < K; ++k) sum += (w[k] = logits[sel[k]]);
+    for (int k = 0; k < K; ++k) {
+      if (cfg_.norm_topk_prob && K > 1) w[k] /= (sum + 1e-20f);
+      w[k] *= cfg_.route_scale;
+    }
+    // Routed outputs accumulate in fp32 in expert-id order, then the shared expert, one rounding.
+    std::fill(acc, acc + dim, 0.f);
+    std::iota(slot, slot + K, 0);
+    std::sort(slot, slot + K, [&](int a, int b) { return sel[a] < sel[b]; });
+    for (int k = 0; k < K; ++k) {
+      const auto& X = F.experts[size_t(sel[slot[k]])];
+      expert(xs, X.w1, X.w2, X.w3, &w[slot[k]], ref::linear_fp4);
+      for (int d = 0; d < dim; ++d) acc[d] += eo[d];
+    }
+    expert(xs, F.shared.w1, F.shared.w2, F.shared.w3, nullptr, ref::linear_fp8);
+    for (int d = 0; d < dim; ++d) out[size_t(s) * dim + d] = round_bf16(acc[d] + eo[d]);
+  }
+  if (c.opts.observer) c.opts.observer->on_experts(layer, c.start, c.S, K, ids, wts);
+}
+
+void Model::block(int layer, Ctx& c) const {
+  const auto& L = w_.layers[size_t(layer)];
+  auto& ws = c.ws;
+  const int S = c.S, hc = cfg_.hc_mult, dim = cfg_.dim;
+  float* attn_pre = sized(ws.coef_pre, size_t(S) * hc);
+  float* ffn_pre = sized(ws.next_pre, size_t(S) * hc);
+  float* post = sized(ws.coef_post, size_t(S) * hc);
+  float* comb = sized(ws.coef_comb, size_t(S) * hc * hc);
+  float* x = sized(ws.x, size_t(S) * dim);
+  float* f = sized(ws.f, size_t(S) * dim);
+  float* next = sized(ws.stream2, size_t(S) * hc * dim);
+  const size_t n_stream = size_t(S) * hc * dim;
+
+  // Attention: collapses with the incoming pre_mix; its own `pre` is used by the FFN.
+  hc_mixes(L.hc_attn, c.stream, S, attn_pre, post, comb, ws);
+  for (int s = 0; s < S; ++s) {
+    hc_collapse(c.stream + size_t(s) * hc * dim, c.pre_mix + s * hc, hc, dim, x + size_t(s) * dim);
+    ref::rms_norm(x + size_t(s) * dim, L.attn_norm.p, dim, cfg_.norm_eps, x + size_t(s) * dim);
+  }
+  attention(layer, c, x, f);
+  for (int s = 0; s < S; ++s)
+    hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
+              next + size_t(s) * hc * dim);
+  std::copy(next, next + n_stream, c.stream);
+
+  // FFN: collapses with the attention's pre; its own pre goes to the next block.
+  hc_mixes(L.hc_ffn, c.stream, S, ffn_pre, post, comb, ws);
+  for (int s = 0; s < S; ++s) {
+    hc_collapse(c.stream + size_t(s) * hc * dim, attn_pre + s * hc, hc, dim, x + size_t(s) * dim);
+    ref::rms_norm(x + size_t(s) * dim, L.ffn_norm.p, dim, cfg_.norm_eps, x + size_t(s) * dim);
+  }
+  moe(layer, c, x, f);
+  for (int s = 0; s < S; ++s)
+    hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
+              next + size_t(s) * hc * dim);
+  std::copy(next, next + n_stream, c.stream);
+  std::copy(ffn_pre, ffn_pre + size_t(S) * hc, c.pre_mix);
+}
+
+void Model::forward(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
+                    const ForwardOptions& opts, Workspace& ws) const {
+  const auto& cf = cfg_;
+  const int S = int(tokens.size());
+  if (S == 0) throw std::invalid_argument("forward: empty chunk");
+  for (int s = 0; s < S; ++s)
+    if (tokens[size_t(s)] < 0 || tokens[size_t(s)] >= cf.vocab_size)
+      throw std::out_of_range("forward: token id " + std::to_string(tokens[size_t(s)]) + " at chunk position " +
+                              std::to_string(s) + " is outside the vocabulary [0, " + std::to_string(cf.vocab_size) + ")");
+  const int hc = cf.hc_mult, dim = cf.dim;
+  const int64_t start = st.pos();
+  float* stream = sized(ws.stream, size_t(S) * hc * dim);
+  float* pre_mix = sized(ws.pre_mix, size_t(S) * hc);
+
+  if (engram_.n_layers() > 0) {
+    // Hash ids depend on token ids only: compute them for every Engram layer up front.
+    const auto& hist_tokens = st.tokens();
+    const int nh = int(std::min<int64_t>(start, EngramHistory::kCapacity));
+    int32_t* tail = sized(ws.history, size_t(nh) + 1);
+    engram_compress_tokens(token_map_, std::span(hist_tokens).subspan(size_t(start - nh)), {}, tail);
+    EngramHistory hist;
+    hist.assign(start, std::span<const int32_t>(tail, size_t(nh)));
+    int32_t* comp = sized(ws.comp_tokens, size_t(S));
+    engram_compress_tokens(token_map_, tokens, {}, comp);
+    const int per_tok = engram_.n_layers() * engram_.hash_cols();
+    int32_t* hid = sized(ws.hash_ids, size_t(S) * per_tok);
+    engram_hash_ids_all_layers(engram_, hist, std::span<const int32_t>(comp, size_t(S)), hid);
+    if (opts.observer) opts.observer->on_engram_hash(start, S, per_tok, hid);
+  }
+  for (int s = 0; s < S; ++s) {
+    const uint16_t* e = w_.embed.p + int64_t(tokens[size_t(s)]) * dim;
+    for (int k = 0; k < hc; ++k)
+      for (int d = 0; d < dim; ++d) stream[(size_t(s) * hc + k) * dim + d] = bf16_to_f32(e[d]);
+    for (int k = 0; k < hc; ++k) pre_mix[s * hc + k] = k == 0 ? 1.f : 0.f;
+  }
+  Ctx c{st, ws, opts, start, S, stream, pre_mix};
+  ForwardObserver* ob = opts.observer;
+  for (int i = 0; i < cf.n_layers; ++i) {
+    if (w_.layers[size_t(i)].has_engram) {
+      if (ob) ob->before_engram(i, start, S, stream);
+      engram(i, c);
+      if (ob) ob->after_engram(i, start, S, stream);
+    }
+    if (ob) ob->before_block(i, start, S, stream, pre_mix);
+    block(i, c);
+    if (ob) ob->after_block(i, start, S, stream, pre_mix);
+  }
+  const int first = opts.all_logits ? 0 : S - 1, rows = S - first;
+  float* hidden = sized(ws.logits_rows, size_t(rows) * dim);
+  for (int r = 0; r < rows; ++r) {
+    const int s = first + r;
+    hc_collapse(stream + size_t(s) * hc * dim, pre_mix + s * hc, hc, dim, hidden + size_t(r) * dim);
+    ref::rms_norm(hidden + size_t(r) * dim, w_.norm.p, dim, cf.norm_eps, hidden + size_t(r) * dim);
+  }
+  if (ob) ob->on_final_hidden(start + first, rows, hidden);
+  logits.resize(size_t(rows) * cf.vocab_size);
+  ref::linear_bf16(hidden, rows, w_.head, logits.data(), false);
+  auto& toks = st.mutable_tokens();
+  toks.insert(toks.end(), tokens.begin(), tokens.end());
+}
+
+}  // namespace di::v41

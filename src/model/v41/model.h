@@ -1,0 +1,102 @@
+// The DeepSeek-V4.1-Flash forward pass (backbone; the DSpark draft head is separate).
+//
+// One call runs a chunk of tokens at positions state.pos() .. state.pos()+n-1 of one sequence and
+// extends its state. Any chunking (one-shot prefill, chunks of any size, single-token decode,
+// multi-token verification) gives the same results: every per-query quantity is defined by the
+// query's absolute position alone. docs/forward-pass.md maps each step to the official reference.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/v41/engram_hash.h"
+#include "model/v41/state.h"
+#include "model/v41/weights.h"
+
+namespace di::v41 {
+
+// Which index keys a ratio-2 index source scores against on a step where its own group is
+// incomplete. PerSource is correct; Reference reproduces the official code's stale shared slot.
+enum class IndexKeyPolicy { PerSource, Reference };
+
+struct LoadOptions {
+  std::string tokenizer_path;  // tokenizer.json for the Engram token map; default MODEL_DIR/tokenizer.json
+  IndexKeyPolicy index_key_policy = IndexKeyPolicy::PerSource;
+};
+
+// Optional taps into the forward pass (tests, debugging). Stream arguments are [S][hc][dim]
+// (bf16 values in fp32) and may be modified by the before_* hooks; pre_mix is [S][hc].
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  virtual void before_engram(int layer, int64_t start_pos, int S, float* stream) {}
+  virtual void after_engram(int layer, int64_t start_pos, int S, const float* stream) {}
+  virtual void before_block(int layer, int64_t start_pos, int S, float* stream, float* pre_mix) {}
+  virtual void after_block(int layer, int64_t start_pos, int S, const float* stream, const float* pre_mix) {}
+  // Selected compressed entries per query ([S][k], -1 = unused), for index-source layers.
+  virtual void on_index_topk(int layer, int64_t start_pos, int S, int k, const int32_t* idx) {}
+  // Routed experts per token ([S][k] ids in top-k order and their weights).
+  virtual void on_experts(int layer, int64_t start_pos, int S, int k, const int32_t* ids, const float* w) {}
+  virtual void on_engram_hash(int64_t start_pos, int S, int cols_per_token, const int32_t* ids) {}
+  // Final norm output for the rows whose logits are computed ([rows][dim]).
+  virtual void on_final_hidden(int64_t start_pos, int rows, const float* hidden) {}
+};
+
+struct ForwardOptions {
+  bool all_logits = false;  // logits of every position of the chunk, else only the last
+  ForwardObserver* observer = nullptr;
+};
+
+// Scratch memory reused across calls, so a warm forward pass does not allocate.
+struct Workspace {
+  std::vector<float> stream, stream2, pre_mix, x, f, y, tmp, mix, qr, q, kv, attn_out, logits_rows;
+  std::vector<float> coef_pre, coef_post, coef_comb, next_pre;
+  std::vector<int32_t> comp_tokens, history, hash_ids, topk, expert_ids, order, top_blocks, slots;
+  std::vector<float> expert_w, iq, iw, scores, block_scores, moe_gate, moe_up, moe_out, moe_acc;
+  std::vector<uint8_t> candidate_mask;
+  std::vector<const float*> rows;
+};
+
+class Model {
+ public:
+  // Loads MODEL_DIR (config.json + safetensors). Validates config and tensors; throws LoadError.
+  static std::unique_ptr<Model> load(const std::string& model_dir, const LoadOptions& opts = {});
+
+  const V41Config& config() const { return cfg_; }
+  const EngramTokenMap& engram_token_map() const { return token_map_; }
+  IndexKeyPolicy index_key_policy() const { return policy_; }
+  void set_index_key_policy(IndexKeyPolicy p) { policy_ = p; }
+  SequenceState new_state(int max_rollback = 64) const { return SequenceState(cfg_, max_rollback); }
+
+  // Runs `tokens` on `state`; writes fp32 logits ([1 or n][vocab]) to `logits`.
+  void forward(SequenceState& state, std::span<const int32_t> tokens, std::vector<float>& logits,
+               const ForwardOptions& opts, Workspace& ws) const;
+
+ private:
+  Model() = default;
+  struct Ctx;
+  void engram(int layer, Ctx& c) const;
+  void block(int layer, Ctx& c) const;
+  void attention(int layer, Ctx& c, const float* x, float* out) const;
+  void compress(int layer, Ctx& c, const float* x) const;
+  void index_select(int layer, Ctx& c, const float* x, const float* qr) const;
+  void moe(int layer, Ctx& c, const float* x, float* out) const;
+  void hc_mixes(const HcWeights& w, const float* stream, int S, float* pre, float* post, float* comb, Workspace& ws) const;
+  const float* rope_table(int layer, int64_t pos, float* buf) const;
+
+  V41Config cfg_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  ModelWeights w_;
+  EngramTokenMap token_map_;
+  EngramConstants engram_;
+  IndexKeyPolicy policy_ = IndexKeyPolicy::PerSource;
+  std::vector<float> freqs_base_, freqs_yarn_;  // rope_head_dim/2 frequencies of the two RoPE kinds
+  std::vector<float> wqk_;                      // per engram layer: q_weight * k_weight, fp32 [hc*dim]
+};
+
+}  // namespace di::v41
