@@ -59,11 +59,31 @@ struct V41Config {
   int dspark_markov_rank = 256;
   int dspark_n_routed_experts = 128, dspark_n_activated_experts = 3;
   int vision_n_layers = 0;
+  // vision_config (shapes of the vision tower; only used when vision_n_layers > 0)
+  int vision_dim = 1024, vision_n_heads = 16, vision_inter_dim = 2816, vision_patch_size = 14;
+  int vision_downsample_ratio = 3, vision_max_n_token = 1024;
+  int64_t vision_min_pixels = 295936;
+  double vision_rope_theta = 10000;
+  double vision_max_wh_ratio = 0;  // 0 = null (no limit)
+
+  // HF keys that are not ModelArgs fields but are kept so to_hf_json() writes a release-shaped file.
+  // (quantization_config.quant_method is `dtype` above.)
+  std::string activation_scheme = "dynamic";
 
   // Derived helpers.
   bool is_kv_source(int layer) const;
   bool is_index_source(int layer) const;
   bool is_engram_layer(int layer) const;
+  bool vision_enabled() const { return vision_n_layers > 0; }
+  int n_total_layers() const { return n_layers + n_mtp_layers; }
+  // Routed / activated experts of a layer (DSpark stages, ids >= n_layers, have their own).
+  // A DSpark count of 0 falls back to the backbone's, as in the reference's get_moe_config.
+  int n_routed_experts_of(int layer) const {
+    return layer < n_layers || dspark_n_routed_experts == 0 ? n_routed_experts : dspark_n_routed_experts;
+  }
+  int n_activated_experts_of(int layer) const {
+    return layer < n_layers || dspark_n_activated_experts == 0 ? n_activated_experts : dspark_n_activated_experts;
+  }
   int compress_ratio(int layer) const { return compress_ratios.at(size_t(layer)); }
 
   // Parses an HF config.json (file path). Throws LoadError naming the file and key on a missing

@@ -22,6 +22,8 @@ enum class DType : uint8_t { BF16, F16, F32, F64, I8, U8, I16, I32, I64, BOOL, F
 const char* dtype_name(DType t);        // safetensors spelling, e.g. "F8_E4M3"
 size_t dtype_size(DType t);             // bytes per element
 bool dtype_from_name(const std::string& s, DType* out);
+// "[2, 3]" for messages.
+std::string shape_str(const std::vector<int64_t>& shape);
 
 // Any checkpoint / config problem. The message names the file and the tensor or key.
 struct LoadError : std::runtime_error {
@@ -58,6 +60,10 @@ class Checkpoint {
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::string& path() const { return path_; }
   size_t total_bytes() const;  // sum of mapped file sizes
+  // The mapped files (one, or every shard the index names), in load order.
+  std::vector<std::string> files() const;
+  // Metadata ("__metadata__") of the first file / the single file; empty if none.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   Checkpoint(Checkpoint&&) noexcept;
   Checkpoint& operator=(Checkpoint&&) noexcept;
@@ -68,6 +74,7 @@ class Checkpoint {
   std::string path_;
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // Writer for generated checkpoints and logit dumps. Tensors are written in insertion order with
