@@ -68,3 +68,4 @@ namespace di::ref {
 // quantization: the reference dequantizes attn.wo_a to bf16 at conversion time.
 void linear_fp8_dequant(const float* x, int64_t m, const Fp8Weight& w, float* y);
 }  // namespace di::ref
+

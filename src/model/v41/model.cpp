@@ -328,7 +328,7 @@ void Model::index_select(int layer, Ctx& c, const float* x, const float* qr) con
       if (row[t] >= visible) row[t] = -1;
   }
   c.topk_k = k;
-  if (c.opts.observer) c.opts.observer->on_index_topk(layer, c.start, c.S, k, topk);
+  if (c.opts.observer) c.opts.observer->on_index_topk(layer, c.start, c.S, k, topk, score, width);
 }
 
 void Model::attention(int layer, Ctx& c, const float* x, float* out) const {

@@ -38,8 +38,10 @@ class ForwardObserver {
   virtual void after_engram(int layer, int64_t start_pos, int S, const float* stream) {}
   virtual void before_block(int layer, int64_t start_pos, int S, float* stream, float* pre_mix) {}
   virtual void after_block(int layer, int64_t start_pos, int S, const float* stream, const float* pre_mix) {}
-  // Selected compressed entries per query ([S][k], -1 = unused), for index-source layers.
-  virtual void on_index_topk(int layer, int64_t start_pos, int S, int k, const int32_t* idx) {}
+  // Selected compressed entries per query ([S][k], -1 = unused) and the index scores they were
+  // chosen by ([S][width], -inf = not visible or masked), for index-source layers.
+  virtual void on_index_topk(int layer, int64_t start_pos, int S, int k, const int32_t* idx, const float* scores,
+                             int64_t width) {}
   // Routed experts per token ([S][k] ids in top-k order and their weights).
   virtual void on_experts(int layer, int64_t start_pos, int S, int k, const int32_t* ids, const float* w) {}
   virtual void on_engram_hash(int64_t start_pos, int S, int cols_per_token, const int32_t* ids) {}
