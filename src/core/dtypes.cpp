@@ -7,7 +7,7 @@ namespace di {
 float e4m3_to_f32(uint8_t code) {
   const int e = (code >> 3) & 0xf, m = code & 7;
   const bool neg = code & 0x80;
-  if (e == 15 && m == 7) return std::nanf("");
+  if (e == 15 && m == 7) return neg ? -std::nanf("") : std::nanf("");  // sign kept, as f32_to_e4m3 keeps it
   float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);
   return neg ? -v : v;
 }

@@ -344,8 +344,9 @@ Checkpoint Checkpoint::open(const std::string& path) {
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string())
       fail(ipath + ": weight_map[\"" + it.key() + "\"] is a " + json_type_name(*it) + ", expected a file name string");
-    const std::string file = it->get<std::string>();
-    check_shard_name(ipath, it.key(), file);
+    check_shard_name(ipath, it.key(), it->get<std::string>());
+    // "./a" and "a" are one shard.
+    const std::string file = fs::path(it->get<std::string>()).lexically_normal().string();
     tensor_to_shard[it.key()] = file;
     if (shard_set.insert(file).second) shard_order.push_back(file);
   }
