@@ -73,19 +73,12 @@ T* sized(std::vector<T>& v, size_t n) {
 }  // namespace
 
 struct Model::Ctx {
-  SequenceState& st;
   Workspace& ws;
   const ForwardOptions& opts;
-  int64_t start;
-  int S;
-  float* stream;   // [S][hc][dim]
-  float* pre_mix;  // [S][hc]
-  // What a layer hands to later layers of the same call (the reference's shared slots).
-  int kv_source = -1;      // most recent KV-source layer
-  int index_k_owner = -1;  // most recent index-key owner (PerSource policy)
-  int topk_k = 0;          // entries per query in ws.topk, from the most recent index source
-  int candidate_width = -1;
-  int new_entries = 0;     // compressed entries the current KV source produced in this call
+  std::vector<Segment>& segs;
+  int R;           // rows in the batch
+  float* stream;   // [R][hc][dim]
+  float* pre_mix;  // [R][hc]
 };
 
 std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptions& opts) {
@@ -152,7 +145,7 @@ void Model::engram(int layer, Ctx& c) const {
   float* emb = sized(c.ws.tmp, size_t(cols) * hd);
   float* kv = sized(c.ws.y, size_t(hc + 1) * dim);
   const float dim_scale = float(std::pow(double(dim), -0.5));
-  for (int s = 0; s < c.S; ++s) {
+  for (int s = 0; s < c.R; ++s) {
     const int32_t* ids = c.ws.hash_ids.data() + (size_t(s) * nl + li) * cols;
     for (int j = 0; j < cols; ++j) {
       const uint8_t* row = E.table + int64_t(ids[j]) * hd;
@@ -174,15 +167,15 @@ void Model::engram(int layer, Ctx& c) const {
   }
 }
 
-void Model::compress(int layer, Ctx& c, const float* x) const {
+void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
   const auto& A = w_.layers[size_t(layer)].attn;
-  auto& Ls = c.st.layers()[size_t(layer)];
+  auto& Ls = g.st->layers()[size_t(layer)];
   const int D = cfg_.head_dim, ID = cfg_.index_head_dim, rd = cfg_.rope_head_dim, r = cfg_.compress_ratio(layer);
-  const int cap = c.st.comp_cap();
+  const int cap = g.st->comp_cap();
   float* latent = sized(c.ws.tmp, size_t(D));
   float* key = sized(c.ws.iq, size_t(ID));
   float cs[256];
-  c.new_entries = 0;
+  g.new_entries = 0;
   auto emit = [&](int64_t j, float* lat) {
     // Index keys come from the pre-RoPE latent, then the latent itself is rotated and FP4-QDQ'd.
     float* k = key;
@@ -194,20 +187,20 @@ void Model::compress(int layer, Ctx& c, const float* x) const {
     ref::rope_apply(lat + D - rd, rd, cs, false);
     act_qdq_fp4_e4m3(lat, D, 16);
     std::copy(lat, lat + D, Ls.compressed_kv.append());
-    ++c.new_entries;
+    ++g.new_entries;
   };
   if (r == 1) {
-    for (int s = 0; s < c.S; ++s) {
+    for (int s = 0; s < g.S; ++s) {
       ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, latent, true);
       ref::rms_norm(latent, A.compressor.norm.p, D, cfg_.norm_eps, latent);
-      emit(c.start + s, latent);
+      emit(g.start + s, latent);
     }
     return;
   }
   // Ratio > 1: fp32 projections of every token are kept in a ring; a group is pooled (per-channel
   // softmax over its r tokens) when its last token arrives, whichever call that happens in.
-  for (int s = 0; s < c.S; ++s) {
-    const int64_t t = c.start + s;
+  for (int s = 0; s < g.S; ++s) {
+    const int64_t t = g.start + s;
     float* slot = Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
     ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, slot, false);
     ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wgate, slot + D, false);
@@ -227,35 +220,35 @@ void Model::compress(int layer, Ctx& c, const float* x) const {
   }
 }
 
-void Model::index_select(int layer, Ctx& c, const float* x, const float* qr) const {
+void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const float* qr) const {
   const auto& I = w_.layers[size_t(layer)].attn.indexer;
   const int r = cfg_.compress_ratio(layer), IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, rd = cfg_.rope_head_dim;
-  const int64_t end = c.start + c.S, width = end / r;
+  const int64_t end = g.start + g.S, width = end / r;
   auto& ws = c.ws;
   if (width == 0) {
-    c.topk_k = 0;
+    g.topk_k = 0;
     return;
   }
   // Whose index keys to score against.
   const bool owner = cfg_.is_kv_source(layer);
   int keys_layer;
   if (policy_ == IndexKeyPolicy::PerSource) {
-    if (owner) c.index_k_owner = layer;
-    keys_layer = c.index_k_owner;
+    if (owner) g.index_k_owner = layer;
+    keys_layer = g.index_k_owner;
   } else {
-    if (owner && c.new_entries > 0) c.st.index_k_publisher = layer;
-    keys_layer = c.st.index_k_publisher >= 0 ? c.st.index_k_publisher : layer;
+    if (owner && g.new_entries > 0) g.st->index_k_publisher = layer;
+    keys_layer = g.st->index_k_publisher >= 0 ? g.st->index_k_publisher : layer;
   }
-  const RowCache& keys = c.st.layers()[size_t(keys_layer)].index_keys;
+  const RowCache& keys = g.st->layers()[size_t(keys_layer)].index_keys;
 
-  float* iq = sized(ws.iq, size_t(c.S) * IH * ID);
-  float* iw = sized(ws.iw, size_t(c.S) * IH);
+  float* iq = sized(ws.iq, size_t(g.S) * IH * ID);
+  float* iw = sized(ws.iw, size_t(g.S) * IH);
   float cs[256];
-  ref::linear_fp8(qr, c.S, I.wq_b, iq);
-  ref::linear_bf16(x, c.S, I.weights_proj, iw, true);
+  ref::linear_fp8(qr, g.S, I.wq_b, iq);
+  ref::linear_bf16(x, g.S, I.weights_proj, iw, true);
   const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
-  for (int s = 0; s < c.S; ++s) {
-    rope_table(layer, c.start + s, cs);
+  for (int s = 0; s < g.S; ++s) {
+    rope_table(layer, g.start + s, cs);
     for (int h = 0; h < IH; ++h) {
       float* qh = iq + (size_t(s) * IH + h) * ID;
       ref::rope_apply(qh + ID - rd, rd, cs, false);
@@ -263,9 +256,9 @@ void Model::index_select(int layer, Ctx& c, const float* x, const float* qr) con
       iw[s * IH + h] = round_bf16(iw[s * IH + h] * wscale);
     }
   }
-  float* score = sized(ws.scores, size_t(c.S) * width);
-  for (int s = 0; s < c.S; ++s) {
-    const int64_t visible = (c.start + s + 1) / r;
+  float* score = sized(ws.scores, size_t(g.S) * width);
+  for (int s = 0; s < g.S; ++s) {
+    const int64_t visible = (g.start + s + 1) / r;
     for (int64_t u = 0; u < width; ++u) {
       float& out = score[size_t(s) * width + u];
       if (u >= visible || u >= keys.size()) { out = -INFINITY; continue; }
@@ -288,12 +281,15 @@ void Model::index_select(int layer, Ctx& c, const float* x, const float* qr) con
     const int bs = cfg_.candidate_block_size;
     const int64_t nb = (width + bs - 1) / bs;
     const int keep_n = int(std::min<int64_t>(cfg_.candidate_topk_blocks, nb));
-    uint8_t* mask = sized(ws.candidate_mask, size_t(c.S) * width);
+    // Each segment's mask lives at its own offset: later index sources of every segment read it.
+    g.candidate_off = ws.candidate_mask_used;
+    ws.candidate_mask_used += size_t(g.S) * width;
+    uint8_t* mask = sized(ws.candidate_mask, ws.candidate_mask_used) + g.candidate_off;
     float* bscore = sized(ws.block_scores, size_t(nb));
     int32_t* top = sized(ws.top_blocks, size_t(keep_n));
-    for (int s = 0; s < c.S; ++s) {
+    for (int s = 0; s < g.S; ++s) {
       const float* sc = score + size_t(s) * width;
-      const int64_t visible = (c.start + s + 1) / r;
+      const int64_t visible = (g.start + s + 1) / r;
       const int64_t last = visible >= 1 ? (visible - 1) / bs : -1;
       for (int64_t b = 0; b < nb; ++b) {
         float mx = -INFINITY;
@@ -308,101 +304,113 @@ void Model::index_select(int layer, Ctx& c, const float* x, const float* qr) con
         for (int64_t u = b * bs; u < std::min(width, (b + 1) * bs); ++u) mask[size_t(s) * width + u] = 1;
       }
     }
-    c.candidate_width = int(width);
-  } else if (cand >= 0 && cand < layer && c.candidate_width >= 0) {
-    if (c.candidate_width != width)
-      throw std::logic_error("candidate mask width " + std::to_string(c.candidate_width) + " != index width " +
+    g.candidate_width = width;
+  } else if (cand >= 0 && cand < layer && g.candidate_width >= 0) {
+    if (g.candidate_width != width)
+      throw std::logic_error("candidate mask width " + std::to_string(g.candidate_width) + " != index width " +
                              std::to_string(width) + " at layer " + std::to_string(layer));
-    for (size_t i = 0; i < size_t(c.S) * width; ++i)
-      if (!ws.candidate_mask[i]) score[i] = -INFINITY;
+    const uint8_t* mask = ws.candidate_mask.data() + g.candidate_off;
+    for (size_t i = 0; i < size_t(g.S) * width; ++i)
+      if (!mask[i]) score[i] = -INFINITY;
   }
   // Top-k in position order; entries the query cannot see yet become -1.
   const int k = int(std::min<int64_t>(cfg_.index_topk, width));
-  int32_t* topk = sized(ws.topk, size_t(c.S) * k);
-  for (int s = 0; s < c.S; ++s) {
+  g.topk_off = ws.topk_used;
+  ws.topk_used += size_t(g.S) * k;
+  int32_t* topk = sized(ws.topk, ws.topk_used) + g.topk_off;
+  for (int s = 0; s < g.S; ++s) {
     int32_t* row = topk + size_t(s) * k;
     topk_desc(score + size_t(s) * width, int(width), k, row, ws.order);
     std::sort(row, row + k);
-    const int64_t visible = (c.start + s + 1) / r;
+    const int64_t visible = (g.start + s + 1) / r;
     for (int t = 0; t < k; ++t)
       if (row[t] >= visible) row[t] = -1;
   }
-  c.topk_k = k;
-  if (c.opts.observer) c.opts.observer->on_index_topk(layer, c.start, c.S, k, topk, score, width);
+  g.topk_k = k;
+  if (c.opts.observer) c.opts.observer->on_index_topk(layer, g.start, g.S, k, topk, score, width);
 }
 
 void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   const auto& A = w_.layers[size_t(layer)].attn;
   auto& ws = c.ws;
-  auto& Ls = c.st.layers()[size_t(layer)];
   const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
-  const int G = cfg_.o_groups, R = cfg_.o_lora_rank, ratio = cfg_.compress_ratio(layer);
-  const int S = c.S, cap = c.st.window_cap();
+  const int G = cfg_.o_groups, R = cfg_.o_lora_rank, ratio = cfg_.compress_ratio(layer), QL = cfg_.q_lora_rank;
+  const int N = c.R;
   float cs[256];
 
-  float* qr = sized(ws.qr, size_t(S) * cfg_.q_lora_rank);
-  float* q = sized(ws.q, size_t(S) * H * D);
-  ref::linear_fp8(x, S, A.wq_a, qr);
-  for (int s = 0; s < S; ++s) ref::rms_norm(qr + size_t(s) * cfg_.q_lora_rank, A.q_norm.p, cfg_.q_lora_rank, cfg_.norm_eps, qr + size_t(s) * cfg_.q_lora_rank);
-  ref::linear_fp8(qr, S, A.wq_b, q);
+  // Row-wise projections over the whole batch.
+  float* qr = sized(ws.qr, size_t(N) * QL);
+  float* q = sized(ws.q, size_t(N) * H * D);
+  ref::linear_fp8(x, N, A.wq_a, qr);
+  for (int s = 0; s < N; ++s) ref::rms_norm(qr + size_t(s) * QL, A.q_norm.p, QL, cfg_.norm_eps, qr + size_t(s) * QL);
+  ref::linear_fp8(qr, N, A.wq_b, q);
   // Window KV: one latent per token (K = V), rotated, then FP8-QDQ'd over all of head_dim.
-  float* kv = sized(ws.kv, size_t(S) * D);
-  ref::linear_fp8(x, S, A.wkv, kv);
-  for (int s = 0; s < S; ++s) {
-    rope_table(layer, c.start + s, cs);
-    for (int h = 0; h < H; ++h) ref::rope_apply(q + (size_t(s) * H + h) * D + D - rd, rd, cs, false);
-    float* kr = kv + size_t(s) * D;
-    ref::rms_norm(kr, A.kv_norm.p, D, cfg_.norm_eps, kr);
-    ref::rope_apply(kr + D - rd, rd, cs, false);
-    act_qdq_fp8(kr, D, 32);
-  }
-  if (ratio) {
-    if (A.has_compressor) {
-      compress(layer, c, x);
-      c.kv_source = layer;
+  float* kv = sized(ws.kv, size_t(N) * D);
+  ref::linear_fp8(x, N, A.wkv, kv);
+  for (const Segment& g : c.segs)
+    for (int s = 0; s < g.S; ++s) {
+      const size_t row = size_t(g.row0 + s);
+      rope_table(layer, g.start + s, cs);
+      for (int h = 0; h < H; ++h) ref::rope_apply(q + (row * H + h) * D + D - rd, rd, cs, false);
+      float* kr = kv + row * D;
+      ref::rms_norm(kr, A.kv_norm.p, D, cfg_.norm_eps, kr);
+      ref::rope_apply(kr + D - rd, rd, cs, false);
+      act_qdq_fp8(kr, D, 32);
     }
-    if (A.has_indexer) index_select(layer, c, x, qr);
-  }
-  const RowCache* ckv = (ratio && c.kv_source >= 0) ? &c.st.layers()[size_t(c.kv_source)].compressed_kv : nullptr;
-  const int k = ratio ? c.topk_k : 0;
 
-  float* o = sized(ws.attn_out, size_t(S) * H * D);
-  std::vector<const float*>& rows = ws.rows;
-  rows.resize(size_t(W + k));
+  float* o = sized(ws.attn_out, size_t(N) * H * D);
   const float scale = float(std::pow(double(D), -0.5));
-  for (int s = 0; s < S; ++s) {
-    const int64_t t = c.start + s;
-    // Canonical list for position t: window positions ascending, padded to `window` with -1,
-    // then the selected compressed entries. It depends on t only, so chunking cannot change it.
-    int n = 0;
-    for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
-      rows[size_t(n++)] = p >= c.start ? kv + size_t(p - c.start) * D : Ls.window.data() + size_t(p % cap) * D;
-    while (n < W) rows[size_t(n++)] = nullptr;
-    for (int j = 0; j < k; ++j) {
-      const int32_t e = ws.topk[size_t(s) * k + j];
-      rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
+  for (Segment& g : c.segs) {
+    const float* gx = x + size_t(g.row0) * cfg_.dim;
+    const float* gkv = kv + size_t(g.row0) * D;
+    if (ratio) {
+      if (A.has_compressor) {
+        compress(layer, c, g, gx);
+        g.kv_source = layer;
+      }
+      if (A.has_indexer) index_select(layer, c, g, gx, qr + size_t(g.row0) * QL);
     }
-    float* os = o + size_t(s) * H * D;
-    ref::sparse_attention(q + size_t(s) * H * D, H, D, rows.data(), n, A.attn_sink.p, scale, os);
-    rope_table(layer, t, cs);
-    for (int h = 0; h < H; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
+    auto& Ls = g.st->layers()[size_t(layer)];
+    const int cap = g.st->window_cap();
+    const RowCache* ckv = (ratio && g.kv_source >= 0) ? &g.st->layers()[size_t(g.kv_source)].compressed_kv : nullptr;
+    const int k = ratio ? g.topk_k : 0;
+    std::vector<const float*>& rows = ws.rows;
+    rows.resize(size_t(W + k));
+    for (int s = 0; s < g.S; ++s) {
+      const int64_t t = g.start + s;
+      // Canonical list for position t: window positions ascending, padded to `window` with -1,
+      // then the selected compressed entries. It depends on t only, so chunking cannot change it.
+      int n = 0;
+      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
+        rows[size_t(n++)] = p >= g.start ? gkv + size_t(p - g.start) * D : Ls.window.data() + size_t(p % cap) * D;
+      while (n < W) rows[size_t(n++)] = nullptr;
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = ws.topk[g.topk_off + size_t(s) * k + size_t(j)];
+        rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
+      }
+      float* os = o + size_t(g.row0 + s) * H * D;
+      ref::sparse_attention(q + size_t(g.row0 + s) * H * D, H, D, rows.data(), n, A.attn_sink.p, scale, os);
+      rope_table(layer, t, cs);
+      for (int h = 0; h < H; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
+    }
+    for (int64_t p = std::max<int64_t>(g.start, g.start + g.S - cap); p < g.start + g.S; ++p)
+      std::copy(gkv + size_t(p - g.start) * D, gkv + size_t(p - g.start + 1) * D, Ls.window.data() + size_t(p % cap) * D);
   }
-  for (int64_t p = std::max<int64_t>(c.start, c.start + S - cap); p < c.start + S; ++p)
-    std::copy(kv + size_t(p - c.start) * D, kv + size_t(p - c.start + 1) * D, Ls.window.data() + size_t(p % cap) * D);
 
   // Grouped low-rank output: group g projects only its own heads (block-diagonal wo_a).
   const int gin = H * D / G;
-  float* z = sized(ws.y, size_t(S) * G * R);
-  float* gx = sized(ws.tmp, size_t(S) * gin);
-  float* gz = sized(ws.mix, size_t(S) * R);
-  for (int g = 0; g < G; ++g) {
-    for (int s = 0; s < S; ++s) std::copy(o + size_t(s) * H * D + size_t(g) * gin, o + size_t(s) * H * D + size_t(g + 1) * gin, gx + size_t(s) * gin);
-    const int64_t nkb = (A.wo_a.in + 31) / 32;
-    const ref::Fp8Weight wg{A.wo_a.w + int64_t(g) * R * A.wo_a.in, A.wo_a.scale + int64_t(g) * R / 32 * nkb, R, A.wo_a.in};
-    ref::linear_fp8_dequant(gx, S, wg, gz);
-    for (int s = 0; s < S; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(g) * R);
+  float* z = sized(ws.y, size_t(N) * G * R);
+  float* gxs = sized(ws.tmp, size_t(N) * gin);
+  float* gz = sized(ws.mix, size_t(N) * R);
+  const int64_t nkb = (A.wo_a.in + 31) / 32;
+  for (int gi = 0; gi < G; ++gi) {
+    for (int s = 0; s < N; ++s)
+      std::copy(o + size_t(s) * H * D + size_t(gi) * gin, o + size_t(s) * H * D + size_t(gi + 1) * gin, gxs + size_t(s) * gin);
+    const ref::Fp8Weight wg{A.wo_a.w + int64_t(gi) * R * A.wo_a.in, A.wo_a.scale + int64_t(gi) * R / 32 * nkb, R, A.wo_a.in};
+    ref::linear_fp8_dequant(gxs, N, wg, gz);
+    for (int s = 0; s < N; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(gi) * R);
   }
-  ref::linear_fp8(z, S, A.wo_b, out);
+  ref::linear_fp8(z, N, A.wo_b, out);
 }
 
 void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
@@ -412,8 +420,8 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
   const float L = cfg_.swiglu_limit;
   float* logits = sized(ws.scores, size_t(E) * 2);
   float* biased = logits + E;
-  int32_t* ids = sized(ws.expert_ids, size_t(c.S) * K);
-  float* wts = sized(ws.expert_w, size_t(c.S) * K);
+  int32_t* ids = sized(ws.expert_ids, size_t(c.R) * K);
+  float* wts = sized(ws.expert_w, size_t(c.R) * K);
   float* g = sized(ws.moe_gate, size_t(I));
   float* u = sized(ws.moe_up, size_t(I));
   float* eo = sized(ws.moe_out, size_t(dim));
@@ -432,7 +440,7 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     }
     lin(g, 1, w2, eo);
   };
-  for (int s = 0; s < c.S; ++s) {
+  for (int s = 0; s < c.R; ++s) {
     const float* xs = x + size_t(s) * dim;
     ref::linear_bf16(xs, 1, F.gate, logits, false);
     for (int e = 0; e < E; ++e) {
@@ -460,13 +468,15 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     expert(xs, F.shared.w1, F.shared.w2, F.shared.w3, nullptr, ref::linear_fp8);
     for (int d = 0; d < dim; ++d) out[size_t(s) * dim + d] = round_bf16(acc[d] + eo[d]);
   }
-  if (c.opts.observer) c.opts.observer->on_experts(layer, c.start, c.S, K, ids, wts);
+  if (c.opts.observer)
+    for (const Segment& g : c.segs)
+      c.opts.observer->on_experts(layer, g.start, g.S, K, ids + size_t(g.row0) * K, wts + size_t(g.row0) * K);
 }
 
 void Model::block(int layer, Ctx& c) const {
   const auto& L = w_.layers[size_t(layer)];
   auto& ws = c.ws;
-  const int S = c.S, hc = cfg_.hc_mult, dim = cfg_.dim;
+  const int S = c.R, hc = cfg_.hc_mult, dim = cfg_.dim;
   float* attn_pre = sized(ws.coef_pre, size_t(S) * hc);
   float* ffn_pre = sized(ws.next_pre, size_t(S) * hc);
   float* post = sized(ws.coef_post, size_t(S) * hc);
@@ -504,63 +514,104 @@ void Model::block(int layer, Ctx& c) const {
 
 void Model::forward(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
                     const ForwardOptions& opts, Workspace& ws) const {
+  BatchItem item{&st, tokens, opts.all_logits, &logits};
+  forward_batch(std::span(&item, 1), opts, ws);
+}
+
+void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts, Workspace& ws) const {
   const auto& cf = cfg_;
-  const int S = int(tokens.size());
-  if (S == 0) throw std::invalid_argument("forward: empty chunk");
-  for (int s = 0; s < S; ++s)
-    if (tokens[size_t(s)] < 0 || tokens[size_t(s)] >= cf.vocab_size)
-      throw std::out_of_range("forward: token id " + std::to_string(tokens[size_t(s)]) + " at chunk position " +
-                              std::to_string(s) + " is outside the vocabulary [0, " + std::to_string(cf.vocab_size) + ")");
+  // Validate everything before any state changes.
+  if (items.empty()) throw std::invalid_argument("forward: empty batch");
+  int R = 0;
+  for (size_t b = 0; b < items.size(); ++b) {
+    const auto& it = items[b];
+    if (!it.state || !it.logits) throw std::invalid_argument("forward: batch item " + std::to_string(b) + " has no state or output");
+    if (it.tokens.empty()) throw std::invalid_argument("forward: empty chunk (batch item " + std::to_string(b) + ")");
+    for (size_t s = 0; s < it.tokens.size(); ++s)
+      if (it.tokens[s] < 0 || it.tokens[s] >= cf.vocab_size)
+        throw std::out_of_range("forward: token id " + std::to_string(it.tokens[s]) + " at chunk position " +
+                                std::to_string(s) + " is outside the vocabulary [0, " + std::to_string(cf.vocab_size) + ")");
+    for (size_t o = 0; o < b; ++o)
+      if (items[o].state == it.state) throw std::invalid_argument("forward: a sequence appears twice in one batch");
+    R += int(it.tokens.size());
+  }
   const int hc = cf.hc_mult, dim = cf.dim;
-  const int64_t start = st.pos();
-  float* stream = sized(ws.stream, size_t(S) * hc * dim);
-  float* pre_mix = sized(ws.pre_mix, size_t(S) * hc);
+  std::vector<Segment>& segs = ws.segments;
+  segs.assign(items.size(), Segment{});
+  for (size_t b = 0, row = 0; b < items.size(); ++b) {
+    segs[b].st = items[b].state;
+    segs[b].start = items[b].state->pos();
+    segs[b].S = int(items[b].tokens.size());
+    segs[b].row0 = int(row);
+    row += items[b].tokens.size();
+  }
+  ws.topk_used = ws.candidate_mask_used = 0;
+  float* stream = sized(ws.stream, size_t(R) * hc * dim);
+  float* pre_mix = sized(ws.pre_mix, size_t(R) * hc);
 
   if (engram_.n_layers() > 0) {
     // Hash ids depend on token ids only: compute them for every Engram layer up front.
-    const auto& hist_tokens = st.tokens();
-    const int nh = int(std::min<int64_t>(start, EngramHistory::kCapacity));
-    int32_t* tail = sized(ws.history, size_t(nh) + 1);
-    engram_compress_tokens(token_map_, std::span(hist_tokens).subspan(size_t(start - nh)), {}, tail);
-    EngramHistory hist;
-    hist.assign(start, std::span<const int32_t>(tail, size_t(nh)));
-    int32_t* comp = sized(ws.comp_tokens, size_t(S));
-    engram_compress_tokens(token_map_, tokens, {}, comp);
     const int per_tok = engram_.n_layers() * engram_.hash_cols();
-    int32_t* hid = sized(ws.hash_ids, size_t(S) * per_tok);
-    engram_hash_ids_all_layers(engram_, hist, std::span<const int32_t>(comp, size_t(S)), hid);
-    if (opts.observer) opts.observer->on_engram_hash(start, S, per_tok, hid);
+    int32_t* hid = sized(ws.hash_ids, size_t(R) * per_tok);
+    int32_t* comp = sized(ws.comp_tokens, size_t(R));
+    for (size_t b = 0; b < items.size(); ++b) {
+      const Segment& g = segs[b];
+      const auto& hist_tokens = g.st->tokens();
+      const int nh = int(std::min<int64_t>(g.start, EngramHistory::kCapacity));
+      int32_t* tail = sized(ws.history, size_t(nh) + 1);
+      engram_compress_tokens(token_map_, std::span(hist_tokens).subspan(size_t(g.start - nh)), {}, tail);
+      EngramHistory hist;
+      hist.assign(g.start, std::span<const int32_t>(tail, size_t(nh)));
+      engram_compress_tokens(token_map_, items[b].tokens, {}, comp + g.row0);
+      engram_hash_ids_all_layers(engram_, hist, std::span<const int32_t>(comp + g.row0, size_t(g.S)),
+                                 hid + size_t(g.row0) * per_tok);
+      if (opts.observer) opts.observer->on_engram_hash(g.start, g.S, per_tok, hid + size_t(g.row0) * per_tok);
+    }
   }
-  for (int s = 0; s < S; ++s) {
-    const uint16_t* e = w_.embed.p + int64_t(tokens[size_t(s)]) * dim;
-    for (int k = 0; k < hc; ++k)
-      for (int d = 0; d < dim; ++d) stream[(size_t(s) * hc + k) * dim + d] = bf16_to_f32(e[d]);
-    for (int k = 0; k < hc; ++k) pre_mix[s * hc + k] = k == 0 ? 1.f : 0.f;
-  }
-  Ctx c{st, ws, opts, start, S, stream, pre_mix};
+  for (size_t b = 0; b < items.size(); ++b)
+    for (int s = 0; s < segs[b].S; ++s) {
+      const size_t row = size_t(segs[b].row0 + s);
+      const uint16_t* e = w_.embed.p + int64_t(items[b].tokens[size_t(s)]) * dim;
+      for (int k = 0; k < hc; ++k)
+        for (int d = 0; d < dim; ++d) stream[(row * hc + k) * dim + d] = bf16_to_f32(e[d]);
+      for (int k = 0; k < hc; ++k) pre_mix[row * hc + k] = k == 0 ? 1.f : 0.f;
+    }
+  Ctx c{ws, opts, segs, R, stream, pre_mix};
   ForwardObserver* ob = opts.observer;
+  auto seg_stream = [&](const Segment& g) { return stream + size_t(g.row0) * hc * dim; };
+  auto seg_pre = [&](const Segment& g) { return pre_mix + size_t(g.row0) * hc; };
   for (int i = 0; i < cf.n_layers; ++i) {
     if (w_.layers[size_t(i)].has_engram) {
-      if (ob) ob->before_engram(i, start, S, stream);
+      if (ob) for (const auto& g : segs) ob->before_engram(i, g.start, g.S, seg_stream(g));
       engram(i, c);
-      if (ob) ob->after_engram(i, start, S, stream);
+      if (ob) for (const auto& g : segs) ob->after_engram(i, g.start, g.S, seg_stream(g));
     }
-    if (ob) ob->before_block(i, start, S, stream, pre_mix);
+    if (ob) for (const auto& g : segs) ob->before_block(i, g.start, g.S, seg_stream(g), seg_pre(g));
     block(i, c);
-    if (ob) ob->after_block(i, start, S, stream, pre_mix);
+    if (ob) for (const auto& g : segs) ob->after_block(i, g.start, g.S, seg_stream(g), seg_pre(g));
   }
-  const int first = opts.all_logits ? 0 : S - 1, rows = S - first;
+  // Final collapse, norm and head for the rows whose logits are wanted.
+  std::vector<int>& out_rows = ws.out_rows;
+  out_rows.clear();
+  for (size_t b = 0; b < items.size(); ++b)
+    for (int s = items[b].all_logits ? 0 : segs[b].S - 1; s < segs[b].S; ++s) out_rows.push_back(segs[b].row0 + s);
+  const int rows = int(out_rows.size());
   float* hidden = sized(ws.logits_rows, size_t(rows) * dim);
   for (int r = 0; r < rows; ++r) {
-    const int s = first + r;
-    hc_collapse(stream + size_t(s) * hc * dim, pre_mix + s * hc, hc, dim, hidden + size_t(r) * dim);
+    const int s = out_rows[size_t(r)];
+    hc_collapse(stream + size_t(s) * hc * dim, pre_mix + size_t(s) * hc, hc, dim, hidden + size_t(r) * dim);
     ref::rms_norm(hidden + size_t(r) * dim, w_.norm.p, dim, cf.norm_eps, hidden + size_t(r) * dim);
   }
-  if (ob) ob->on_final_hidden(start + first, rows, hidden);
-  logits.resize(size_t(rows) * cf.vocab_size);
-  ref::linear_bf16(hidden, rows, w_.head, logits.data(), false);
-  auto& toks = st.mutable_tokens();
-  toks.insert(toks.end(), tokens.begin(), tokens.end());
+  const size_t V = size_t(cf.vocab_size);
+  for (size_t b = 0, r = 0; b < items.size(); ++b) {
+    const int n = items[b].all_logits ? segs[b].S : 1;
+    if (ob) ob->on_final_hidden(segs[b].start + segs[b].S - n, n, hidden + r * dim);
+    items[b].logits->resize(size_t(n) * V);
+    ref::linear_bf16(hidden + r * dim, n, w_.head, items[b].logits->data(), false);
+    r += size_t(n);
+    auto& toks = items[b].state->mutable_tokens();
+    toks.insert(toks.end(), items[b].tokens.begin(), items[b].tokens.end());
+  }
 }
 
 }  // namespace di::v41

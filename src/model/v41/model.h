@@ -54,6 +54,33 @@ struct ForwardOptions {
   ForwardObserver* observer = nullptr;
 };
 
+// One sequence's part of a batched step: a chunk of its tokens (a prefill chunk, one decode
+// token, or several tokens to verify).
+struct BatchItem {
+  SequenceState* state = nullptr;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;            // logits of every position, else only the last
+  std::vector<float>* logits = nullptr;  // out: [1 or n][vocab]
+};
+
+namespace detail {
+// One sequence's rows within a batched step, and what its layers hand to later layers of the same
+// step (the reference's shared slots).
+struct Segment {
+  SequenceState* st = nullptr;
+  int64_t start = 0;  // position of the first row
+  int S = 0;          // rows
+  int row0 = 0;       // first row in the batch
+  int kv_source = -1;      // most recent KV-source layer
+  int index_k_owner = -1;  // most recent index-key owner (PerSource policy)
+  int topk_k = 0;          // entries per query of the most recent index source
+  size_t topk_off = 0;     // its [S][topk_k] block in Workspace::topk
+  int64_t candidate_width = -1;
+  size_t candidate_off = 0;  // [S][candidate_width] block in Workspace::candidate_mask
+  int new_entries = 0;       // compressed entries the current KV source produced in this step
+};
+}  // namespace detail
+
 // Scratch memory reused across calls, so a warm forward pass does not allocate.
 struct Workspace {
   std::vector<float> stream, stream2, pre_mix, x, f, y, tmp, mix, qr, q, kv, attn_out, logits_rows;
@@ -62,6 +89,9 @@ struct Workspace {
   std::vector<float> expert_w, iq, iw, scores, block_scores, moe_gate, moe_up, moe_out, moe_acc;
   std::vector<uint8_t> candidate_mask;
   std::vector<const float*> rows;
+  std::vector<int> out_rows;
+  size_t topk_used = 0, candidate_mask_used = 0;  // per-step bump allocation in topk / candidate_mask
+  std::vector<detail::Segment> segments;
 };
 
 class Model {
@@ -78,15 +108,20 @@ class Model {
   // Runs `tokens` on `state`; writes fp32 logits ([1 or n][vocab]) to `logits`.
   void forward(SequenceState& state, std::span<const int32_t> tokens, std::vector<float>& logits,
                const ForwardOptions& opts, Workspace& ws) const;
+  // One step over many sequences: every linear layer runs once over all rows of the batch, while
+  // attention and the caches stay per sequence. Each item's results are identical to running it
+  // alone (batch invariance). Throws before touching any state if an item is invalid.
+  void forward_batch(std::span<BatchItem> items, const ForwardOptions& opts, Workspace& ws) const;
 
  private:
   Model() = default;
   struct Ctx;
   void engram(int layer, Ctx& c) const;
   void block(int layer, Ctx& c) const;
+  using Segment = detail::Segment;
   void attention(int layer, Ctx& c, const float* x, float* out) const;
-  void compress(int layer, Ctx& c, const float* x) const;
-  void index_select(int layer, Ctx& c, const float* x, const float* qr) const;
+  void compress(int layer, Ctx& c, Segment& g, const float* x) const;
+  void index_select(int layer, Ctx& c, Segment& g, const float* x, const float* qr) const;
   void moe(int layer, Ctx& c, const float* x, float* out) const;
   void hc_mixes(const HcWeights& w, const float* stream, int S, float* pre, float* post, float* comb, Workspace& ws) const;
   const float* rope_table(int layer, int64_t pos, float* buf) const;
