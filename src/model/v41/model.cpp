@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "core/dtypes.h"
-#include "kernels/cpu/ref_ops.h"
+#include "kernels/cpu/kernels.h"
 #include "model/v41/tensor_specs.h"
 
 namespace di::v41 {
@@ -128,7 +128,7 @@ void Model::hc_mixes(const HcWeights& w, const float* stream, int S, float* pre,
   for (int s = 0; s < S; ++s) {
     const float* xs = stream + size_t(s) * flat;
     const float r = ref::rms_scale(xs, flat, cfg_.norm_eps);
-    ref::linear_f32(xs, 1, w.fn, mix);
+    kern::linear_f32(xs, 1, w.fn, mix);
     for (int k = 0; k < nmix; ++k) mix[k] *= r;
     ref::hc_split_sinkhorn(mix, w.scale.p, w.base.p, hc, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, pre + s * hc,
                            post + s * hc, comb + s * hc * hc);
@@ -152,7 +152,7 @@ void Model::engram(int layer, Ctx& c) const {
       const uint8_t* sc = E.table_scale + int64_t(ids[j]) * (hd / 32);
       for (int d = 0; d < hd; ++d) emb[j * hd + d] = e4m3_to_f32(row[d]) * e8m0_to_f32(sc[d / 32]);
     }
-    ref::linear_fp8(emb, 1, E.wkv, kv);
+    kern::linear_fp8(emb, 1, E.wkv, kv);
     const float* value = kv + size_t(hc) * dim;
     for (int k = 0; k < hc; ++k) {
       float* X = c.stream + (size_t(s) * hc + k) * dim;
@@ -179,7 +179,7 @@ void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
   auto emit = [&](int64_t j, float* lat) {
     // Index keys come from the pre-RoPE latent, then the latent itself is rotated and FP4-QDQ'd.
     float* k = key;
-    ref::linear_bf16(lat, 1, A.indexer.wk, k, true);
+    kern::linear_bf16(lat, 1, A.indexer.wk, k, true);
     ref::rms_norm(k, A.indexer.k_norm.p, ID, cfg_.norm_eps, k);
     ref::rope_apply(k + ID - rd, rd, rope_table(layer, j * r, cs), false);
     act_qdq_fp4_e8m0(k, ID, 32);
@@ -191,7 +191,7 @@ void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
   };
   if (r == 1) {
     for (int s = 0; s < g.S; ++s) {
-      ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, latent, true);
+      kern::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, latent, true);
       ref::rms_norm(latent, A.compressor.norm.p, D, cfg_.norm_eps, latent);
       emit(g.start + s, latent);
     }
@@ -202,8 +202,8 @@ void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
   for (int s = 0; s < g.S; ++s) {
     const int64_t t = g.start + s;
     float* slot = Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
-    ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, slot, false);
-    ref::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wgate, slot + D, false);
+    kern::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, slot, false);
+    kern::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wgate, slot + D, false);
     if ((t + 1) % r != 0) continue;
     const int64_t j = t / r;
     for (int d = 0; d < D; ++d) {
@@ -244,8 +244,8 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
   float* iq = sized(ws.iq, size_t(g.S) * IH * ID);
   float* iw = sized(ws.iw, size_t(g.S) * IH);
   float cs[256];
-  ref::linear_fp8(qr, g.S, I.wq_b, iq);
-  ref::linear_bf16(x, g.S, I.weights_proj, iw, true);
+  kern::linear_fp8(qr, g.S, I.wq_b, iq);
+  kern::linear_bf16(x, g.S, I.weights_proj, iw, true);
   const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
   for (int s = 0; s < g.S; ++s) {
     rope_table(layer, g.start + s, cs);
@@ -341,12 +341,12 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   // Row-wise projections over the whole batch.
   float* qr = sized(ws.qr, size_t(N) * QL);
   float* q = sized(ws.q, size_t(N) * H * D);
-  ref::linear_fp8(x, N, A.wq_a, qr);
+  kern::linear_fp8(x, N, A.wq_a, qr);
   for (int s = 0; s < N; ++s) ref::rms_norm(qr + size_t(s) * QL, A.q_norm.p, QL, cfg_.norm_eps, qr + size_t(s) * QL);
-  ref::linear_fp8(qr, N, A.wq_b, q);
+  kern::linear_fp8(qr, N, A.wq_b, q);
   // Window KV: one latent per token (K = V), rotated, then FP8-QDQ'd over all of head_dim.
   float* kv = sized(ws.kv, size_t(N) * D);
-  ref::linear_fp8(x, N, A.wkv, kv);
+  kern::linear_fp8(x, N, A.wkv, kv);
   for (const Segment& g : c.segs)
     for (int s = 0; s < g.S; ++s) {
       const size_t row = size_t(g.row0 + s);
@@ -389,7 +389,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
         rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
       }
       float* os = o + size_t(g.row0 + s) * H * D;
-      ref::sparse_attention(q + size_t(g.row0 + s) * H * D, H, D, rows.data(), n, A.attn_sink.p, scale, os);
+      kern::sparse_attention(q + size_t(g.row0 + s) * H * D, H, D, rows.data(), n, A.attn_sink.p, scale, os);
       rope_table(layer, t, cs);
       for (int h = 0; h < H; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
     }
@@ -407,70 +407,91 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
     for (int s = 0; s < N; ++s)
       std::copy(o + size_t(s) * H * D + size_t(gi) * gin, o + size_t(s) * H * D + size_t(gi + 1) * gin, gxs + size_t(s) * gin);
     const ref::Fp8Weight wg{A.wo_a.w + int64_t(gi) * R * A.wo_a.in, A.wo_a.scale + int64_t(gi) * R / 32 * nkb, R, A.wo_a.in};
-    ref::linear_fp8_dequant(gxs, N, wg, gz);
+    kern::linear_fp8_dequant(gxs, N, wg, gz);
     for (int s = 0; s < N; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(gi) * R);
   }
-  ref::linear_fp8(z, N, A.wo_b, out);
+  kern::linear_fp8(z, N, A.wo_b, out);
 }
 
 void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
   const auto& F = w_.layers[size_t(layer)].moe;
   auto& ws = c.ws;
   const int E = cfg_.n_routed_experts, K = cfg_.n_activated_experts, dim = cfg_.dim, I = cfg_.moe_inter_dim;
+  const int N = c.R;
   const float L = cfg_.swiglu_limit;
-  float* logits = sized(ws.scores, size_t(E) * 2);
-  float* biased = logits + E;
-  int32_t* ids = sized(ws.expert_ids, size_t(c.R) * K);
-  float* wts = sized(ws.expert_w, size_t(c.R) * K);
-  float* g = sized(ws.moe_gate, size_t(I));
-  float* u = sized(ws.moe_up, size_t(I));
-  float* eo = sized(ws.moe_out, size_t(dim));
-  float* acc = sized(ws.moe_acc, size_t(dim));
-  int32_t* slot = sized(ws.slots, size_t(K));
-  // SwiGLU with the training clamps (up both sides, gate from above); fp32, one bf16 rounding
-  // of the (weighted) hidden before w2.
-  auto expert = [&](const float* xin, const auto& w1, const auto& w2, const auto& w3, const float* weight, auto lin) {
-    lin(xin, 1, w1, g);
-    lin(xin, 1, w3, u);
-    for (int i = 0; i < I; ++i) {
-      const float up = std::clamp(u[i], -L, L), gate = std::min(g[i], L);
-      float h = ref::silu(gate) * up;
-      if (weight) h = *weight * h;
-      g[i] = round_bf16(h);
-    }
-    lin(g, 1, w2, eo);
-  };
-  for (int s = 0; s < c.R; ++s) {
-    const float* xs = x + size_t(s) * dim;
-    ref::linear_bf16(xs, 1, F.gate, logits, false);
+  // Router over all rows: fp32 sqrt(softplus) scores; the bias picks, the raw scores weigh.
+  float* scores = sized(ws.scores, size_t(N) * E);
+  float* biased = sized(ws.block_scores, size_t(E));
+  int32_t* ids = sized(ws.expert_ids, size_t(N) * K);
+  float* wts = sized(ws.expert_w, size_t(N) * K);
+  kern::linear_bf16(x, N, F.gate, scores, false);
+  for (int s = 0; s < N; ++s) {
+    float* sc = scores + size_t(s) * E;
     for (int e = 0; e < E; ++e) {
-      logits[e] = std::sqrt(ref::softplus(logits[e]));
-      biased[e] = logits[e] + F.gate_bias.p[e];
+      sc[e] = std::sqrt(ref::softplus(sc[e]));
+      biased[e] = sc[e] + F.gate_bias.p[e];
     }
     int32_t* sel = ids + size_t(s) * K;
     float* w = wts + size_t(s) * K;
     topk_desc(biased, E, K, sel, ws.order);
     float sum = 0.f;
-    for (int k = 0; k < K; ++k) sum += (w[k] = logits[sel[k]]);
+    for (int k = 0; k < K; ++k) sum += (w[k] = sc[sel[k]]);
     for (int k = 0; k < K; ++k) {
       if (cfg_.norm_topk_prob && K > 1) w[k] /= (sum + 1e-20f);
       w[k] *= cfg_.route_scale;
     }
-    // Routed outputs accumulate in fp32 in expert-id order, then the shared expert, one rounding.
-    std::fill(acc, acc + dim, 0.f);
-    std::iota(slot, slot + K, 0);
-    std::sort(slot, slot + K, [&](int a, int b) { return sel[a] < sel[b]; });
-    for (int k = 0; k < K; ++k) {
-      const auto& X = F.experts[size_t(sel[slot[k]])];
-      expert(xs, X.w1, X.w2, X.w3, &w[slot[k]], ref::linear_fp4);
-      for (int d = 0; d < dim; ++d) acc[d] += eo[d];
-    }
-    expert(xs, F.shared.w1, F.shared.w2, F.shared.w3, nullptr, ref::linear_fp8);
-    for (int d = 0; d < dim; ++d) out[size_t(s) * dim + d] = round_bf16(acc[d] + eo[d]);
   }
   if (c.opts.observer)
     for (const Segment& g : c.segs)
       c.opts.observer->on_experts(layer, g.start, g.S, K, ids + size_t(g.row0) * K, wts + size_t(g.row0) * K);
+
+  // SwiGLU with the training clamps (up both sides, gate from above) in fp32, times the routing
+  // weight, one bf16 rounding before w2.
+  auto swiglu = [&](float* g, const float* u, int m, const float* weight) {
+    for (int r = 0; r < m; ++r)
+      for (int i = 0; i < I; ++i) {
+        const size_t at = size_t(r) * I + i;
+        const float up = std::clamp(u[at], -L, L), gate = std::min(g[at], L);
+        float h = ref::silu(gate) * up;
+        if (weight) h = weight[r] * h;
+        g[at] = round_bf16(h);
+      }
+  };
+  // Routed experts: each expert runs once over the rows that chose it; rows accumulate their
+  // experts' outputs in fp32 in expert-id order.
+  float* acc = sized(ws.moe_acc, size_t(N) * dim);
+  std::fill(acc, acc + size_t(N) * dim, 0.f);
+  int32_t* rows = sized(ws.slots, size_t(N));
+  float* rw = sized(ws.block_scores, size_t(N));
+  float* gx = sized(ws.tmp, size_t(N) * dim);
+  float* g = sized(ws.moe_gate, size_t(N) * I);
+  float* u = sized(ws.moe_up, size_t(N) * I);
+  float* eo = sized(ws.moe_out, size_t(N) * dim);
+  for (int e = 0; e < E; ++e) {
+    int m = 0;
+    for (int s = 0; s < N; ++s)
+      for (int k = 0; k < K; ++k)
+        if (ids[size_t(s) * K + k] == e) {
+          rows[m] = s;
+          rw[m] = wts[size_t(s) * K + k];
+          std::copy(x + size_t(s) * dim, x + size_t(s + 1) * dim, gx + size_t(m) * dim);
+          ++m;
+        }
+    if (m == 0) continue;
+    const auto& X = F.experts[size_t(e)];
+    kern::linear_fp4(gx, m, X.w1, g);
+    kern::linear_fp4(gx, m, X.w3, u);
+    swiglu(g, u, m, rw);
+    kern::linear_fp4(g, m, X.w2, eo);
+    for (int r = 0; r < m; ++r)
+      for (int d = 0; d < dim; ++d) acc[size_t(rows[r]) * dim + d] += eo[size_t(r) * dim + d];
+  }
+  // Shared expert over every row, added once, one bf16 rounding.
+  kern::linear_fp8(x, N, F.shared.w1, g);
+  kern::linear_fp8(x, N, F.shared.w3, u);
+  swiglu(g, u, N, nullptr);
+  kern::linear_fp8(g, N, F.shared.w2, eo);
+  for (size_t i = 0; i < size_t(N) * dim; ++i) out[i] = round_bf16(acc[i] + eo[i]);
 }
 
 void Model::block(int layer, Ctx& c) const {
@@ -607,7 +628,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
     const int n = items[b].all_logits ? segs[b].S : 1;
     if (ob) ob->on_final_hidden(segs[b].start + segs[b].S - n, n, hidden + r * dim);
     items[b].logits->resize(size_t(n) * V);
-    ref::linear_bf16(hidden + r * dim, n, w_.head, items[b].logits->data(), false);
+    kern::linear_bf16(hidden + r * dim, n, w_.head, items[b].logits->data(), false);
     r += size_t(n);
     auto& toks = items[b].state->mutable_tokens();
     toks.insert(toks.end(), items[b].tokens.begin(), items[b].tokens.end());

@@ -1,0 +1,32 @@
+// The CPU kernels the model calls, dispatched at run time to the best implementation the machine
+// supports (AVX-512, AVX2, or the scalar reference in ref_ops.h). DEEPINFER_ISA=scalar|avx2|avx512
+// (or set_isa) forces one, for testing. Every implementation is tested op by op against the scalar
+// reference (tests/test_kernels.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/ref_ops.h"
+
+namespace di {
+class ThreadPool;
+}
+
+namespace di::kern {
+
+enum class Isa { Scalar, Avx2, Avx512 };
+const char* isa_name(Isa);
+Isa best_isa();    // what this CPU supports
+Isa active_isa();  // what the kernels use now (DEEPINFER_ISA, else best_isa())
+void set_isa(Isa);  // throws std::invalid_argument if the CPU lacks it
+
+// Same contracts as the ref:: functions; `pool` (may be null) splits the output columns.
+void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool = nullptr);
+void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool = nullptr);
+void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool = nullptr);
+void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool = nullptr);
+void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool = nullptr);
+void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                      const float* attn_sink, float softmax_scale, float* out);
+
+}  // namespace di::kern
