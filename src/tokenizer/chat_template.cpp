@@ -178,7 +178,7 @@ std::string serde_float(double v) {
       while (2 + zeros < body.size() && body[2 + zeros] == '0') ++zeros;
       if (zeros >= 4 && 2 + zeros < body.size()) {
         std::string rest = body.substr(2 + zeros + 1);
-        char tail[16];
+        char tail[32];
         std::snprintf(tail, sizeof tail, "e-%02zu", zeros + 1);
         body = std::string(1, body[2 + zeros]) + (rest.empty() ? "" : "." + rest) + tail;
       }
