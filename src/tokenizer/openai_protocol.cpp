@@ -5,7 +5,7 @@
 namespace di::openai {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 using chat::ChatFormat;
 
 struct Bad {
@@ -138,8 +138,7 @@ chat::ToolDefinition read_tool(const json& t, size_t index) {
   if (const json* d = member(*fn, "description")) def.description = need_string(*d, f + ".function.description");
   if (const json* p = member(*fn, "parameters")) {
     if (!p->is_object()) fail(f + ".function.parameters", "must be a JSON Schema object");
-    // Re-parse with insertion order kept: the tool prompt lists keys in the client's order.
-    def.parameters = nlohmann::ordered_json::parse(p->dump());
+    def.parameters = *p;
   }
   return def;
 }

@@ -43,7 +43,8 @@ struct ConversionResult {
 // ({"type": "enabled"|"disabled"}, DeepSeek's API), `chat_template_kwargs.thinking` /
 // `.enable_thinking` / top-level `enable_thinking`, or `reasoning_effort` ("none" disables thinking;
 // any other level enables it). Sampling fields are left to the caller.
-ConversionResult convert_chat_request(const nlohmann::json& body, const ConversionOptions& options);
+// The body should be parsed as ordered_json: tool schemas are rendered in the client's key order.
+ConversionResult convert_chat_request(const nlohmann::ordered_json& body, const ConversionOptions& options);
 
 // "call_" + 24 alphanumerics. Seeded for reproducible tests; random_device otherwise.
 class ToolCallIdGenerator {
@@ -60,7 +61,7 @@ class ChatDeltaConverter {
  public:
   explicit ChatDeltaConverter(ToolCallIdGenerator ids = ToolCallIdGenerator());
   // Appends one delta object per event that carries output; the first delta also has "role".
-  void convert(const std::vector<stream::StreamEvent>& events, std::vector<nlohmann::json>& deltas);
+  void convert(const std::vector<stream::StreamEvent>& events, std::vector<nlohmann::ordered_json>& deltas);
   // Set once the Finish event has been seen: "stop", "length" or "tool_calls".
   const std::optional<std::string>& finish_reason() const { return finish_reason_; }
 
@@ -75,14 +76,14 @@ class ChatMessageBuilder {
   explicit ChatMessageBuilder(ToolCallIdGenerator ids = ToolCallIdGenerator());
   void add(const std::vector<stream::StreamEvent>& events);
   // {"role": "assistant", "content": ..., "reasoning_content"?: ..., "tool_calls"?: [...]}
-  nlohmann::json message() const;
+  nlohmann::ordered_json message() const;
   std::string finish_reason() const { return finish_reason_.value_or("stop"); }
 
  private:
   ToolCallIdGenerator ids_;
   std::string content_, reasoning_;
   bool has_content_ = false;
-  nlohmann::json tool_calls_ = nlohmann::json::array();
+  nlohmann::ordered_json tool_calls_ = nlohmann::ordered_json::array();
   std::optional<std::string> finish_reason_;
 };
 
