@@ -14,7 +14,10 @@ enum LabelId : int {
   kDsmlBegin,     // "<｜DSML｜" (preceding newlines are part of the match)
   kDsmlEnd,       // "</｜DSML｜"
   kInvoke,        // `invoke name="`
-  kCallsEnd,      // "calls>" ends `</｜DSML｜ calls>` (V4.1) and `</｜DSML｜tool_calls>` (V4)
+  kCallsEndV41,   // "</｜DSML｜ calls>"
+  kCallsEndV4,    // "</｜DSML｜tool_calls>"
+  kCallsTail,     // "calls>" after a bare "</｜DSML｜" closed the arguments (invoke closer missing)
+  kInvokeTail,    // "invoke>" after "</｜DSML｜": the normal end of an invoke
   kQuote,         // `"`
   kParam,         // `parameter name="`
   kTrue,          // `true">`
@@ -45,7 +48,10 @@ constexpr FixedLabel kFixed[kStopBase] = {
     {"<｜DSML｜", true},
     {"</｜DSML｜", false},
     {"invoke name=\"", false},
+    {"</｜DSML｜ calls>", false},
+    {"</｜DSML｜tool_calls>", false},
     {"calls>", false},
+    {"invoke>", false},
     {"\"", false},
     {"parameter name=\"", false},
     {"true\">", false},
@@ -207,7 +213,13 @@ void StreamParser::enter(Stage stage) {
       break;
     case Stage::DsmlCalls:
       active_labels_.push_back(kInvoke);
-      active_labels_.push_back(kCallsEnd);
+      active_labels_.push_back(kCallsEndV41);
+      active_labels_.push_back(kCallsEndV4);
+      break;
+    case Stage::DsmlAfterEnd:
+      active_labels_.push_back(kInvokeTail);
+      active_labels_.push_back(kCallsTail);
+      active_labels_.push_back(kInvoke);
       break;
     case Stage::DsmlName: active_labels_.push_back(kQuote); break;
     case Stage::DsmlArgs:
@@ -301,6 +313,7 @@ void StreamParser::emit_unmatched(std::string_view text, std::vector<StreamEvent
       return;
     case Stage::MatchedJson:
     case Stage::DsmlCalls:
+    case Stage::DsmlAfterEnd:
     case Stage::DsmlArgs:
     case Stage::DsmlParamType:
     case Stage::V3Calls: return;  // markup between tags is skipped
@@ -426,7 +439,7 @@ void StreamParser::on_label(int id, std::vector<StreamEvent>& out) {
     case kDsmlEnd:
       if (stage_ == Stage::DsmlArgs) {
         end_tool_call(out);
-        enter(Stage::DsmlCalls);
+        enter(Stage::DsmlAfterEnd);
       } else {  // DsmlParamValue
         close_param_value(out);
         enter(Stage::DsmlArgs);
@@ -437,7 +450,10 @@ void StreamParser::on_label(int id, std::vector<StreamEvent>& out) {
       name_buf_.clear();
       enter(Stage::DsmlName);
       break;
-    case kCallsEnd:
+    case kInvokeTail: enter(Stage::DsmlCalls); break;
+    case kCallsEndV41:
+    case kCallsEndV4:
+    case kCallsTail:
       finished_calls_ = true;
       enter(Stage::Finished);
       break;

@@ -69,7 +69,7 @@ class StreamParser {
 
   enum class Stage {
     Common, Json, MatchedJson, Reasoning,
-    DsmlCalls, DsmlName, DsmlArgs, DsmlParamName, DsmlParamType, DsmlParamValue,
+    DsmlCalls, DsmlAfterEnd, DsmlName, DsmlArgs, DsmlParamName, DsmlParamType, DsmlParamValue,
     V3Calls, V3CallHead, V3CallName, V3CallArgs,
     Finished,
   };
