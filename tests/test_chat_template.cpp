@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
 #include "test_tokenizer_util.h"
+#include "tokenizer/chat_cli.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/openai_protocol.h"
 #include "tokenizer/tokenizer.h"
@@ -379,6 +381,38 @@ TEST(ChatV41, MissingControlTokenIsNamed) {
     FAIL() << "expected an error";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("'<｜System｜>'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChatCli, RendersRequestFileAndNamesErrors) {
+  const std::string dir = DI_BINARY_DIR "/test_chat_cli";
+  std::filesystem::create_directories(dir);
+  const json body = {{"messages", {sys("S"), user("hi")}}, {"thinking", {{"type", "enabled"}}}, {"stop", "END"}};
+  {
+    std::ofstream(dir + "/ok.json") << body.dump();
+    std::ofstream(dir + "/bad.json") << R"({"messages": [{"role": "user"}]})";
+    std::ofstream(dir + "/broken.json") << "{";
+  }
+  const Tokenizer& tok = *v41_tokenizer();
+  auto out = render_chat_request_file(tok, dir + "/ok.json", ChatFormat::DeepSeekV41);
+  EncodedPrompt enc = encode_chat(tok, ChatFormat::DeepSeekV41, request_from(body, ChatFormat::DeepSeekV41));
+  EXPECT_EQ(out["ids"].get<std::vector<int32_t>>(), enc.ids);
+  EXPECT_EQ(out["prompt"], enc.prompt.text);
+  EXPECT_EQ(out["num_tokens"], enc.ids.size());
+  EXPECT_EQ(out["thinking"], true);
+  EXPECT_EQ(out["stop"], json::array({"END"}));
+  for (const char* name : {"bad.json", "broken.json", "missing.json"}) {
+    try {
+      render_chat_request_file(tok, dir + "/" + name, ChatFormat::DeepSeekV41);
+      FAIL() << name;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+  try {
+    render_chat_request_file(tok, dir + "/bad.json", ChatFormat::DeepSeekV41);
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("messages[0].content"), std::string::npos) << e.what();
   }
 }
 
