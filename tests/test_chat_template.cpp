@@ -53,8 +53,7 @@ std::shared_ptr<const Tokenizer> v41_tokenizer() {
     // Until the V4.1 vocabulary derivation lands: rename unused placeholder slots.
     auto j = nlohmann::json::parse(v3);
     const std::vector<std::pair<int, std::string>> names = {{128798, "<think>"}, {128799, "</think>"},
-                                                            {128795, "<｜System｜>"}, {128796, "<｜latest_reminder｜>"},
-                                                            {128797, "｜DSML｜"}};
+                                                            {128795, "<｜System｜>"}, {128796, "<｜latest_reminder｜>"}};
     for (auto& t : j["added_tokens"])
       for (const auto& [id, name] : names)
         if (t["id"] == id) t["content"] = name;

@@ -76,15 +76,6 @@ std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, ChatFormat format, co
     if (s.kind == Segment::Kind::Special) special_id(tok, format, s.text);
   }
   if (v4) {
-    if (prompt.text.find("｜DSML｜") != std::string::npos) {
-      // Only a problem if DSML markup is template text; content mentioning it is plain BPE anyway.
-      for (const Segment& s : prompt.segments) {
-        if (s.kind == Segment::Kind::Template && s.text.find("｜DSML｜") != std::string::npos) {
-          special_id(tok, format, "｜DSML｜");
-          break;
-        }
-      }
-    }
     for (const Segment& s : prompt.segments) {
       switch (s.kind) {
         case Segment::Kind::Special: ids.push_back(special_id(tok, format, s.text)); break;
