@@ -8,6 +8,7 @@
 
 #include "test_tokenizer_util.h"
 #include "tokenizer/text_utf8.h"
+#include "tokenizer/tokenize_jsonl.h"
 
 namespace di {
 namespace {
@@ -301,6 +302,53 @@ TEST(TokenizerLoad, ClearErrors) {
 TEST(TokenizerLoad, DirectoryPathFindsTokenizerJson) {
   auto tok = Tokenizer::from_file(std::filesystem::path(test::v3_tokenizer_path()).parent_path().string());
   EXPECT_EQ(tok->encode("Hello world"), (std::vector<int32_t>{19923, 2058}));
+}
+
+
+// The function behind `deepinfer tokenize`.
+TEST(TokenizeJsonl, EncodesDecodesAndReportsBadLines) {
+  auto tok = v3_tokenizer();
+  std::istringstream in(
+      "{\"text\": \"Hello world\", \"id\": 7}\n"
+      "\n"
+      "{\"text\": \"<｜User｜>hi\"}\n"
+      "not json\n"
+      "{\"ids\": [1]}\n"
+      "[1, 2]\n");
+  std::ostringstream out;
+  const TokenizeJsonlResult result = tokenize_jsonl(*tok, {}, in, out);
+  EXPECT_EQ(result.lines, 5u);
+  EXPECT_EQ(result.errors, 3u);
+  std::vector<json> rows;
+  std::istringstream lines(out.str());
+  for (std::string line; std::getline(lines, line);) rows.push_back(json::parse(line));
+  ASSERT_EQ(rows.size(), 5u);
+  EXPECT_EQ(rows[0], json::parse(R"({"text": "Hello world", "id": 7, "ids": [19923, 2058]})"));
+  EXPECT_EQ(rows[1]["ids"], json::parse("[128803, 6366]"));
+  EXPECT_EQ(rows[2]["line"], 4);
+  EXPECT_NE(rows[2]["error"].get<std::string>().find("line 4: not valid JSON"), std::string::npos);
+  EXPECT_NE(rows[3]["error"].get<std::string>().find("line 5: missing string \"text\""), std::string::npos);
+  EXPECT_NE(rows[4]["error"].get<std::string>().find("line 6: expected a JSON object"), std::string::npos);
+
+  std::istringstream plain_in("{\"text\": \"<｜User｜>\"}\n");
+  std::ostringstream plain_out;
+  TokenizeJsonlOptions plain;
+  plain.allow_special = false;
+  tokenize_jsonl(*tok, plain, plain_in, plain_out);
+  EXPECT_EQ(json::parse(plain_out.str())["ids"], json(tok->encode("<｜User｜>", false)));
+
+  std::istringstream dec_in("{\"ids\": [0, 19923, 1]}\n{\"ids\": [19923, -1]}\n{\"ids\": \"x\"}\n");
+  std::ostringstream dec_out;
+  TokenizeJsonlOptions decode;
+  decode.decode = true;
+  decode.skip_special = true;
+  const auto dec = tokenize_jsonl(*tok, decode, dec_in, dec_out);
+  EXPECT_EQ(dec.errors, 2u);
+  std::istringstream dec_lines(dec_out.str());
+  std::string first;
+  std::getline(dec_lines, first);
+  EXPECT_EQ(json::parse(first)["text"], "Hello");
+  EXPECT_NE(dec_out.str().find("ids[1]: not a token id"), std::string::npos);
 }
 
 }  // namespace
