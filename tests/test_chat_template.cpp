@@ -48,7 +48,7 @@ std::shared_ptr<const Tokenizer> v41_tokenizer() {
   static std::shared_ptr<const Tokenizer> tok = [] {
     const std::string v3 = test::read_file(test::v3_tokenizer_path());
 #ifdef DI_HAVE_V41_VOCAB
-    return Tokenizer::from_json_text(derive_v41_tokenizer_json(v3), "v41-derived tokenizer");
+    return Tokenizer::from_json_text(derive_v41_tokenizer_json(nlohmann::json::parse(v3)).dump(), "v41-derived tokenizer");
 #else
     // Until the V4.1 vocabulary derivation lands: rename unused placeholder slots.
     auto j = nlohmann::json::parse(v3);

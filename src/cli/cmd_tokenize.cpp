@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "cli/commands.h"
+#include "tokenizer/chat_cli.h"
 #include "tokenizer/tokenize_jsonl.h"
 #include "tokenizer/tokenizer.h"
 
@@ -17,11 +18,18 @@ struct TokenizeArgs {
   bool decode = false;
   bool no_special = false;
   bool skip_special = false;
-  // Further modes (e.g. rendering a chat request) add their flags here and a branch in run().
+  std::string chat_file;                     // --chat: render an OpenAI-style request instead of JSONL
+  std::string chat_format = "deepseek-v4.1";
+  // Further modes add their flags here and a branch in run().
 };
 
 void run(const TokenizeArgs& args) {
   const auto tok = Tokenizer::from_file(args.tokenizer_path);
+  if (!args.chat_file.empty()) {
+    std::cout << chat::render_chat_request_file(*tok, args.chat_file, chat::parse_chat_format(args.chat_format)).dump()
+              << "\n";
+    return;
+  }
   TokenizeJsonlOptions options;
   options.decode = args.decode;
   options.allow_special = !args.no_special;
@@ -44,6 +52,10 @@ void add_tokenize(CLI::App& app) {
   cmd->add_flag("--decode", args->decode, "read {\"ids\": [...]} lines and add \"text\"");
   cmd->add_flag("--no-special", args->no_special, "encode everything as plain BPE (no added-token recognition)");
   cmd->add_flag("--skip-special", args->skip_special, "with --decode: leave special tokens out of the text");
+  cmd->add_option("--chat", args->chat_file,
+                  "render an OpenAI-style chat request JSON file; prints {\"prompt\", \"ids\", ...} (docs/chat.md)");
+  cmd->add_option("--chat-format", args->chat_format,
+                  "with --chat: deepseek-v4.1 (default), deepseek-v4, deepseek-v3, deepseek-v3.1 or deepseek-r1");
   cmd->callback([args] { run(*args); });
 }
 
