@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/tokenizer.h"
@@ -63,6 +64,57 @@ inline std::string run_command(const std::string& command) {
   const int status = pclose(pipe);
   if (status != 0) throw std::runtime_error("command failed (" + std::to_string(status) + "): " + command);
   return out;
+}
+
+using nlohmann::json;
+
+inline const std::string kCorpus = DI_SOURCE_DIR "/tests/data/tokenizer/corpus.jsonl";
+inline const std::string kVariants = DI_SOURCE_DIR "/tests/data/tokenizer/variants.json";
+
+// Compares our ids with expected ones for every row; reports the first few differences.
+inline void expect_rows_match(const Tokenizer& tok, const std::vector<json>& rows, const std::string& what) {
+  size_t failures = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string text = rows[i]["text"];
+    const auto expected = rows[i]["ids"].get<std::vector<int32_t>>();
+    const auto expected_plain =
+        rows[i].contains("ids_plain") ? rows[i]["ids_plain"].get<std::vector<int32_t>>() : expected;
+    const auto got = tok.encode(text, true);
+    const auto got_plain = tok.encode(text, false);
+    if (got != expected && failures++ < 8) {
+      ADD_FAILURE() << what << " line " << i + 1 << ": " << json(text).dump().substr(0, 300) << "\n  expected "
+                    << json(expected).dump().substr(0, 300) << "\n  got      " << json(got).dump().substr(0, 300);
+    }
+    if (got_plain != expected_plain && failures++ < 8) {
+      ADD_FAILURE() << what << " line " << i + 1 << " (plain BPE): " << json(text).dump().substr(0, 300)
+                    << "\n  expected " << json(expected_plain).dump().substr(0, 300) << "\n  got      "
+                    << json(got_plain).dump().substr(0, 300);
+    }
+  }
+  EXPECT_EQ(failures, 0u) << what;
+}
+
+// Variants of the tokenizer.json exercise features the DeepSeek file does not use.
+inline std::shared_ptr<const Tokenizer> build_variant(const json& base, const json& patch) {
+  json j = base;
+  for (const auto& [key, value] : patch.items()) j[key] = value;
+  return Tokenizer::from_json_text(j.dump(), "variant");
+}
+
+inline void check_variants(const json& data, const std::string& what) {
+  const json base = json::parse(read_file(v3_tokenizer_path()));
+  ASSERT_GE(data["variants"].size(), 10u);
+  for (const auto& variant : data["variants"]) {
+    SCOPED_TRACE(what + " variant " + variant["name"].get<std::string>());
+    auto tok = build_variant(base, variant["patch"]);
+    for (const auto& c : variant["cases"]) {
+      const std::string text = c["text"];
+      const auto ids = c["ids"].get<std::vector<int32_t>>();
+      EXPECT_EQ(tok->encode(text), ids) << json(text).dump();
+      EXPECT_EQ(tok->decode(ids), c["decoded"].get<std::string>()) << json(text).dump();
+      EXPECT_EQ(tok->decode(ids, true), c["decoded_skip"].get<std::string>()) << json(text).dump();
+    }
+  }
 }
 
 }  // namespace di::test

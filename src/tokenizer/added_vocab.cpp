@@ -53,12 +53,12 @@ namespace {
 bool ends_with_word(std::string_view s) {
   if (s.empty()) return false;
   size_t len = 0;
-  return utf8::is_alphanumeric(utf8::decode_at(s, s.size() - utf8::last_char_len(s), len));
+  return utf8::is_word_char(utf8::decode_at(s, s.size() - utf8::last_char_len(s), len));
 }
 bool starts_with_word(std::string_view s) {
   if (s.empty()) return false;
   size_t len = 0;
-  return utf8::is_alphanumeric(utf8::decode_at(s, 0, len));
+  return utf8::is_word_char(utf8::decode_at(s, 0, len));
 }
 // Start of the run of whitespace that ends `s`.
 size_t whitespace_run_start(std::string_view s) {

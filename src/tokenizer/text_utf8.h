@@ -43,7 +43,8 @@ void append_code_point(std::string& out, char32_t cp);
 
 // Unicode White_Space property (what Rust's char::is_whitespace tests).
 bool is_white_space(char32_t cp);
-// Rust's char::is_alphanumeric, approximated by the general categories L* and N*.
-bool is_alphanumeric(char32_t cp);
+// A \w character of Rust's regex crate (HF's single_word test), approximated by general
+// categories: letters, marks, Nd, Nl, Pc, and the joiners U+200C / U+200D.
+bool is_word_char(char32_t cp);
 
 }  // namespace di::utf8

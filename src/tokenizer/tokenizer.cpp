@@ -35,6 +35,37 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> id_known;
   std::vector<uint8_t> id_special;
   int32_t vocab_size = 0;
+
+  // What id_to_token / decode show for an added token: HF shows a normalized token's normalized form.
+  std::string display_content(const AddedToken& t) const {
+    return t.normalized && !normalizer.is_identity() ? normalizer.apply(t.content) : t.content;
+  }
+
+  // HF ignores the ids written in added_tokens and assigns them as its AddedVocabulary does: a
+  // repeated content updates the earlier token, content already in the model vocab takes that id,
+  // anything else the next id after max(model vocab size - 1, largest added id).
+  void add_token(AddedToken t) {
+    if (t.content.empty()) return;
+    if (auto it = added_by_content.find(t.content); it != added_by_content.end()) {
+      for (AddedToken& existing : added) {
+        if (existing.content == t.content) {
+          t.id = existing.id;
+          existing = std::move(t);
+          return;
+        }
+      }
+    }
+    const auto model_size = static_cast<int32_t>(bpe.vocab().size());
+    if (auto it = bpe.vocab().find(t.content); it != bpe.vocab().end()) {
+      t.id = it->second;
+    } else {
+      t.id = largest_added_id >= model_size || model_size == 0 ? largest_added_id + 1 : model_size;
+    }
+    largest_added_id = std::max(largest_added_id, t.id);
+    added_by_content.emplace(t.content, t.id);
+    added.push_back(std::move(t));
+  }
+  int32_t largest_added_id = -1;
 };
 
 namespace {
@@ -126,16 +157,15 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_text(const std::string& js
         t.lstrip = get_bool(a, "lstrip", false, where);
         t.rstrip = get_bool(a, "rstrip", false, where);
         t.single_word = get_bool(a, "single_word", false, where);
-        impl->added.push_back(std::move(t));
+        impl->add_token(std::move(t));
       }
     }
     std::vector<const AddedToken*> raw_tokens, normalized_tokens;
     std::vector<std::string> raw_patterns, normalized_patterns;
     for (const AddedToken& t : impl->added) {
-      impl->added_by_content.emplace(t.content, t.id);
       if (t.normalized) {
         normalized_tokens.push_back(&t);
-        normalized_patterns.push_back(impl->normalizer.is_identity() ? t.content : impl->normalizer.apply(t.content));
+        normalized_patterns.push_back(impl->display_content(t));
       } else {
         raw_tokens.push_back(&t);
         raw_patterns.push_back(t.content);
@@ -157,7 +187,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_text(const std::string& js
       impl->id_known[id] = 1;
     }
     for (const AddedToken& t : impl->added) {
-      impl->id_token[t.id] = t.content;
+      impl->id_token[t.id] = impl->display_content(t);
       impl->id_known[t.id] = 1;
       impl->id_special[t.id] = t.special ? 1 : 0;
     }
