@@ -62,6 +62,8 @@ struct Case {
   std::string pre() const { return variant + ".p" + std::to_string(prompt) + "."; }
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.variant << ".p" << c.prompt; }
+
 std::vector<Case> all_cases() {
   std::vector<Case> v;
   for (std::string var : {"official", "fixed"})

@@ -365,7 +365,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
     const float* gkv = kv + size_t(g.row0) * D;
     if (ratio) {
       if (A.has_compressor) {
-        compress(layer, c, g, gx);
+        if (!g.replay) compress(layer, c, g, gx);
         g.kv_source = layer;
       }
       if (A.has_indexer) index_select(layer, c, g, gx, qr + size_t(g.row0) * QL);
@@ -533,6 +533,76 @@ void Model::block(int layer, Ctx& c) const {
   std::copy(ffn_pre, ffn_pre + size_t(S) * hc, c.pre_mix);
 }
 
+void Model::run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens) const {
+  const auto& cf = cfg_;
+  auto& ws = c.ws;
+  auto& segs = c.segs;
+  const auto& opts = c.opts;
+  const int R = c.R, hc = cf.hc_mult, dim = cf.dim;
+  ws.topk_used = ws.candidate_mask_used = 0;
+  float* stream = sized(ws.stream, size_t(R) * hc * dim);
+  float* pre_mix = sized(ws.pre_mix, size_t(R) * hc);
+
+  if (engram_.n_layers() > 0) {
+    // Hash ids depend on token ids only: compute them for every Engram layer up front.
+    const int per_tok = engram_.n_layers() * engram_.hash_cols();
+    int32_t* hid = sized(ws.hash_ids, size_t(R) * per_tok);
+    int32_t* comp = sized(ws.comp_tokens, size_t(R));
+    for (size_t b = 0; b < segs.size(); ++b) {
+      const Segment& g = segs[b];
+      const auto& hist_tokens = g.st->tokens();
+      const int nh = int(std::min<int64_t>(g.start, EngramHistory::kCapacity));
+      int32_t* tail = sized(ws.history, size_t(nh) + 1);
+      engram_compress_tokens(token_map_, std::span(hist_tokens).subspan(size_t(g.start - nh), size_t(nh)), {}, tail);
+      EngramHistory hist;
+      hist.assign(g.start, std::span<const int32_t>(tail, size_t(nh)));
+      engram_compress_tokens(token_map_, tokens[b], {}, comp + g.row0);
+      engram_hash_ids_all_layers(engram_, hist, std::span<const int32_t>(comp + g.row0, size_t(g.S)),
+                                 hid + size_t(g.row0) * per_tok);
+      if (opts.observer) opts.observer->on_engram_hash(g.start, g.S, per_tok, hid + size_t(g.row0) * per_tok);
+    }
+  }
+  for (size_t b = 0; b < segs.size(); ++b)
+    for (int s = 0; s < segs[b].S; ++s) {
+      const size_t row = size_t(segs[b].row0 + s);
+      const uint16_t* e = w_.embed.p + int64_t(tokens[b][size_t(s)]) * dim;
+      for (int k = 0; k < hc; ++k)
+        for (int d = 0; d < dim; ++d) stream[(row * hc + k) * dim + d] = bf16_to_f32(e[d]);
+      for (int k = 0; k < hc; ++k) pre_mix[row * hc + k] = k == 0 ? 1.f : 0.f;
+    }
+  c.stream = stream;
+  c.pre_mix = pre_mix;
+  ForwardObserver* ob = opts.observer;
+  auto seg_stream = [&](const Segment& g) { return stream + size_t(g.row0) * hc * dim; };
+  auto seg_pre = [&](const Segment& g) { return pre_mix + size_t(g.row0) * hc; };
+  for (int i = 0; i < cf.n_layers; ++i) {
+    if (w_.layers[size_t(i)].has_engram) {
+      if (ob) for (const auto& g : segs) ob->before_engram(i, g.start, g.S, seg_stream(g));
+      engram(i, c);
+      if (ob) for (const auto& g : segs) ob->after_engram(i, g.start, g.S, seg_stream(g));
+    }
+    if (ob) for (const auto& g : segs) ob->before_block(i, g.start, g.S, seg_stream(g), seg_pre(g));
+    block(i, c);
+    if (ob) for (const auto& g : segs) ob->after_block(i, g.start, g.S, seg_stream(g), seg_pre(g));
+  }
+}
+
+void Model::rebuild_windows(SequenceState& st, Workspace& ws) const {
+  const int64_t n = st.pos();
+  if (n == 0) return;
+  const int64_t s0 = std::max<int64_t>(0, n - replay_tokens());
+  std::vector<detail::Segment>& segs = ws.segments;
+  segs.assign(1, detail::Segment{});
+  segs[0].st = &st;
+  segs[0].start = s0;
+  segs[0].S = int(n - s0);
+  segs[0].replay = true;
+  const std::span<const int32_t> toks = std::span(st.tokens()).subspan(size_t(s0));
+  ForwardOptions none;
+  Ctx c{ws, none, segs, int(n - s0), nullptr, nullptr};
+  run_layers(c, std::span(&toks, 1));
+}
+
 void Model::forward(SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
                     const ForwardOptions& opts, Workspace& ws) const {
   BatchItem item{&st, tokens, opts.all_logits, &logits};
@@ -556,7 +626,6 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
       if (items[o].state == it.state) throw std::invalid_argument("forward: a sequence appears twice in one batch");
     R += int(it.tokens.size());
   }
-  const int hc = cf.hc_mult, dim = cf.dim;
   std::vector<Segment>& segs = ws.segments;
   segs.assign(items.size(), Segment{});
   for (size_t b = 0, row = 0; b < items.size(); ++b) {
@@ -566,51 +635,29 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
     segs[b].row0 = int(row);
     row += items[b].tokens.size();
   }
-  ws.topk_used = ws.candidate_mask_used = 0;
-  float* stream = sized(ws.stream, size_t(R) * hc * dim);
-  float* pre_mix = sized(ws.pre_mix, size_t(R) * hc);
-
-  if (engram_.n_layers() > 0) {
-    // Hash ids depend on token ids only: compute them for every Engram layer up front.
-    const int per_tok = engram_.n_layers() * engram_.hash_cols();
-    int32_t* hid = sized(ws.hash_ids, size_t(R) * per_tok);
-    int32_t* comp = sized(ws.comp_tokens, size_t(R));
-    for (size_t b = 0; b < items.size(); ++b) {
-      const Segment& g = segs[b];
-      const auto& hist_tokens = g.st->tokens();
-      const int nh = int(std::min<int64_t>(g.start, EngramHistory::kCapacity));
-      int32_t* tail = sized(ws.history, size_t(nh) + 1);
-      engram_compress_tokens(token_map_, std::span(hist_tokens).subspan(size_t(g.start - nh)), {}, tail);
-      EngramHistory hist;
-      hist.assign(g.start, std::span<const int32_t>(tail, size_t(nh)));
-      engram_compress_tokens(token_map_, items[b].tokens, {}, comp + g.row0);
-      engram_hash_ids_all_layers(engram_, hist, std::span<const int32_t>(comp + g.row0, size_t(g.S)),
-                                 hid + size_t(g.row0) * per_tok);
-      if (opts.observer) opts.observer->on_engram_hash(g.start, g.S, per_tok, hid + size_t(g.row0) * per_tok);
-    }
+  // The pool must hold every page this step allocates: check before any state changes.
+  for (size_t b = 0; b < items.size(); ++b) {
+    PagePool* pool = items[b].state->pool();
+    if (!pool) continue;
+    bool first = true;  // sum each pool's needs once, at its first item
+    for (size_t o = 0; o < b; ++o) first &= items[o].state->pool() != pool;
+    if (!first) continue;
+    size_t bytes = 0;
+    for (size_t o = b; o < items.size(); ++o)
+      if (items[o].state->pool() == pool) bytes += items[o].state->bytes_needed(int64_t(items[o].tokens.size()));
+    if (bytes > pool->free_bytes())
+      throw CacheExhausted("forward: step needs " + std::to_string(bytes) + " cache bytes, " +
+                           std::to_string(pool->free_bytes()) + " free");
   }
-  for (size_t b = 0; b < items.size(); ++b)
-    for (int s = 0; s < segs[b].S; ++s) {
-      const size_t row = size_t(segs[b].row0 + s);
-      const uint16_t* e = w_.embed.p + int64_t(items[b].tokens[size_t(s)]) * dim;
-      for (int k = 0; k < hc; ++k)
-        for (int d = 0; d < dim; ++d) stream[(row * hc + k) * dim + d] = bf16_to_f32(e[d]);
-      for (int k = 0; k < hc; ++k) pre_mix[row * hc + k] = k == 0 ? 1.f : 0.f;
-    }
-  Ctx c{ws, opts, segs, R, stream, pre_mix};
+  std::vector<std::span<const int32_t>>& spans = ws.token_spans;
+  spans.clear();
+  for (const auto& it : items) spans.push_back(it.tokens);
+  Ctx c{ws, opts, segs, R, nullptr, nullptr};
+  run_layers(c, spans);
+  const int hc = cf.hc_mult, dim = cf.dim;
+  float* stream = c.stream;
+  float* pre_mix = c.pre_mix;
   ForwardObserver* ob = opts.observer;
-  auto seg_stream = [&](const Segment& g) { return stream + size_t(g.row0) * hc * dim; };
-  auto seg_pre = [&](const Segment& g) { return pre_mix + size_t(g.row0) * hc; };
-  for (int i = 0; i < cf.n_layers; ++i) {
-    if (w_.layers[size_t(i)].has_engram) {
-      if (ob) for (const auto& g : segs) ob->before_engram(i, g.start, g.S, seg_stream(g));
-      engram(i, c);
-      if (ob) for (const auto& g : segs) ob->after_engram(i, g.start, g.S, seg_stream(g));
-    }
-    if (ob) for (const auto& g : segs) ob->before_block(i, g.start, g.S, seg_stream(g), seg_pre(g));
-    block(i, c);
-    if (ob) for (const auto& g : segs) ob->after_block(i, g.start, g.S, seg_stream(g), seg_pre(g));
-  }
   // Final collapse, norm and head for the rows whose logits are wanted.
   std::vector<int>& out_rows = ws.out_rows;
   out_rows.clear();

@@ -78,6 +78,7 @@ struct Segment {
   int64_t candidate_width = -1;
   size_t candidate_off = 0;  // [S][candidate_width] block in Workspace::candidate_mask
   int new_entries = 0;       // compressed entries the current KV source produced in this step
+  bool replay = false;       // rebuilding window rings: the compressed caches are already complete
 };
 }  // namespace detail
 
@@ -92,6 +93,7 @@ struct Workspace {
   std::vector<int> out_rows;
   size_t topk_used = 0, candidate_mask_used = 0;  // per-step bump allocation in topk / candidate_mask
   std::vector<detail::Segment> segments;
+  std::vector<std::span<const int32_t>> token_spans;
 };
 
 class Model {
@@ -103,7 +105,9 @@ class Model {
   const EngramTokenMap& engram_token_map() const { return token_map_; }
   IndexKeyPolicy index_key_policy() const { return policy_; }
   void set_index_key_policy(IndexKeyPolicy p) { policy_ = p; }
-  SequenceState new_state(int max_rollback = 64) const { return SequenceState(cfg_, max_rollback); }
+  SequenceState new_state(int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr) const {
+    return SequenceState(cfg_, max_rollback, page_tokens, pool);
+  }
 
   // Runs `tokens` on `state`; writes fp32 logits ([1 or n][vocab]) to `logits`.
   void forward(SequenceState& state, std::span<const int32_t> tokens, std::vector<float>& logits,
@@ -112,6 +116,13 @@ class Model {
   // attention and the caches stay per sequence. Each item's results are identical to running it
   // alone (batch invariance). Throws before touching any state if an item is invalid.
   void forward_batch(std::span<BatchItem> items, const ForwardOptions& opts, Workspace& ws) const;
+
+  // After SequenceState::adopt_prefix: fills the window rings by re-running the last
+  // replay_tokens() tokens of the prefix with the (complete, shared) compressed caches. Layer L's
+  // output at position t depends on inputs back to t - (L+1)(window-1) only, so this bounded
+  // replay reproduces the rings of an uncached run exactly.
+  void rebuild_windows(SequenceState& state, Workspace& ws) const;
+  int64_t replay_tokens() const { return int64_t(cfg_.n_layers) * (cfg_.window_size - 1) + cfg_.window_size; }
 
  private:
   Model() = default;
@@ -123,6 +134,7 @@ class Model {
   void compress(int layer, Ctx& c, Segment& g, const float* x) const;
   void index_select(int layer, Ctx& c, Segment& g, const float* x, const float* qr) const;
   void moe(int layer, Ctx& c, const float* x, float* out) const;
+  void run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens) const;
   void hc_mixes(const HcWeights& w, const float* stream, int S, float* pre, float* post, float* comb, Workspace& ws) const;
   const float* rope_table(int layer, int64_t pos, float* buf) const;
 

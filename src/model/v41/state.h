@@ -13,18 +13,46 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "io/config.h"
 
 namespace di::v41 {
 
+using Page = std::shared_ptr<std::vector<float>>;
+
+// Thrown when a cache page is needed and the pool's byte budget is spent. The engine checks
+// SequenceState::bytes_needed first, so a forward pass never fails half-way.
+struct CacheExhausted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Pages for the growing caches of all sequences, drawn from one byte budget. A page returns its
+// bytes to the pool when its last owner (a sequence or the prefix cache) releases it.
+class PagePool {
+ public:
+  explicit PagePool(size_t budget_bytes);
+  Page allocate(size_t floats);  // throws CacheExhausted
+  size_t used_bytes() const;
+  size_t budget_bytes() const { return budget_; }
+  size_t free_bytes() const;
+  int64_t pages_in_use() const;
+
+ private:
+  struct Counters;
+  size_t budget_;
+  std::shared_ptr<Counters> counters_;  // shared with page deleters, which may outlive the pool
+};
+
 // A growing array of fixed-width float rows stored in pages of `rows_per_page` rows. Copies share
 // pages; a shared page is cloned before it is written (copy-on-write).
 class RowCache {
  public:
   RowCache() = default;
-  RowCache(int width, int rows_per_page) : width_(width), rows_per_page_(rows_per_page) {}
+  RowCache(int width, int rows_per_page, PagePool* pool = nullptr)
+      : width_(width), rows_per_page_(rows_per_page), pool_(pool) {}
 
   int width() const { return width_; }
   int64_t size() const { return n_; }
@@ -34,12 +62,21 @@ class RowCache {
   // Pointer to a new row at index size(); the caller fills it.
   float* append();
   void truncate(int64_t n);
-  size_t bytes() const { return pages_.size() * size_t(rows_per_page_) * size_t(width_) * sizeof(float); }
+  size_t bytes() const { return pages_.size() * page_bytes(); }
+  size_t page_bytes() const { return size_t(rows_per_page_) * size_t(width_) * sizeof(float); }
+  int rows_per_page() const { return rows_per_page_; }
+  // Bytes that appending `rows` more rows would allocate (new pages, or a copy of a shared page).
+  size_t bytes_needed(int64_t rows) const;
+  // The first n_pages full pages, shared (for the prefix cache), and the reverse.
+  std::vector<Page> share_pages(size_t n_pages) const;
+  void adopt(std::vector<Page> pages, int64_t rows);
 
  private:
+  Page new_page() const;
   int width_ = 0, rows_per_page_ = 64;
+  PagePool* pool_ = nullptr;
   int64_t n_ = 0;
-  std::vector<std::shared_ptr<std::vector<float>>> pages_;
+  std::vector<Page> pages_;
 };
 
 struct LayerState {
@@ -49,16 +86,38 @@ struct LayerState {
   RowCache index_keys;             // kv sources: [n_entries, index_head_dim]
 };
 
+// The compressed KV and index-key pages of a prefix of `n_tokens` tokens (a multiple of the page
+// size), per layer; empty for layers that are not KV sources.
+struct PrefixPages {
+  int64_t n_tokens = 0;
+  std::vector<std::vector<Page>> compressed_kv, index_keys;
+};
+
 class SequenceState {
  public:
-  SequenceState(const V41Config& cfg, int max_rollback = 64, int rows_per_page = 64);
+  // Pages hold `page_tokens` tokens' worth of rows in every layer (page_tokens / ratio rows), so
+  // token page k of the sequence is page k of every cache. With a pool, pages count against its
+  // budget.
+  SequenceState(const V41Config& cfg, int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr);
 
   int64_t pos() const { return int64_t(tokens_.size()); }  // number of tokens processed
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int max_rollback() const { return max_rollback_; }
 
-  // Back to position p (p tokens kept), pos() - max_rollback() <= p <= pos(). Throws otherwise.
+  // Back to position p (p tokens kept), max(pos() - max_rollback(), rollback_floor()) <= p <= pos().
+  // Throws otherwise.
   void truncate(int64_t p);
+  int64_t rollback_floor() const { return rollback_floor_; }
+  int page_tokens() const { return page_tokens_; }
+  PagePool* pool() const { return pool_; }
+  // Cache bytes that processing `n_tokens` more tokens would allocate.
+  size_t bytes_needed(int64_t n_tokens) const;
+
+  // Prefix sharing: the pages covering the first n_tokens tokens (n_tokens a multiple of
+  // page_tokens() and <= pos()), and a state that starts from such pages plus the prefix's tokens.
+  // The window rings of the adopted state are empty: Model::rebuild_windows fills them.
+  PrefixPages share_prefix(int64_t n_tokens) const;
+  void adopt_prefix(const PrefixPages& pages, std::span<const int32_t> tokens);
   // Bytes held (window rings, compressor tails, compressed rows, tokens).
   size_t bytes() const;
 
@@ -72,7 +131,9 @@ class SequenceState {
   int index_k_publisher = -1;
 
  private:
-  int max_rollback_, window_cap_, comp_cap_;
+  int max_rollback_, window_cap_, comp_cap_, page_tokens_;
+  PagePool* pool_;
+  int64_t rollback_floor_ = 0;
   std::vector<int32_t> tokens_;
   std::vector<LayerState> layers_;
   std::vector<int> ratios_;
