@@ -26,6 +26,8 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
   // Raw bytes of one token (no U+FFFD replacement): what the incremental detokenizer assembles.
   std::string token_bytes(int32_t id) const;
+  // Same, without a copy; empty for ids that have no token. Valid as long as the tokenizer.
+  std::string_view token_bytes_view(int32_t id) const;
 
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int32_t id) const;  // the vocab string, e.g. "Ġthe"
