@@ -27,6 +27,8 @@
 #include "model/v41/tensor_specs.h"
 #include "model/v41/tiny_generator.h"
 #include "test_paths.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/v41_vocab.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -182,6 +184,16 @@ TEST_P(MakeTinySize, GeneratesValidatesLoadsAndRuns) {
   const EngramTokenMap map = build_engram_token_map_from_file(tmp.str("m/tokenizer.json"));
   EXPECT_EQ(c.engram_compressed_vocab_size, map.size);
   EXPECT_EQ(c.engram_num_embeddings, make_engram_constants(c, map).num_embeddings);
+  // It is the V4.1 tokenizer derived from V3 (control tokens at their V4.1 ids).
+  const json v3 = json::parse(slurp(test::v3_tokenizer_json()));
+  EXPECT_EQ(json::parse(slurp(tmp.path / "m" / "tokenizer.json")), derive_v41_tokenizer_json(v3));
+  EXPECT_EQ(build_engram_token_map(derive_v41_tokenizer_json(v3)).size, map.size);
+  auto tok = Tokenizer::from_file(tmp.str("m"));
+  EXPECT_EQ(tok->encode("<think>"), std::vector<int32_t>{128821});
+  EXPECT_EQ(tok->encode("<｜System｜>"), std::vector<int32_t>{128799});
+  const json tcfg = json::parse(slurp(tmp.path / "m" / "tokenizer_config.json"));
+  EXPECT_FALSE(tcfg.contains("chat_template")) << "V3's template does not render the V4.1 format";
+  EXPECT_EQ(tcfg["bos_token"]["content"], "<｜begin▁of▁sentence｜>");
   check_runs(tmp.str("m"));
 }
 
@@ -447,4 +459,25 @@ TEST(ShardWriter, SplitsAtShardSize) {
   const json idx = json::parse(slurp(tmp.path / "model.safetensors.index.json"));
   EXPECT_EQ(idx["weight_map"]["c"], "model-00002-of-00003.safetensors");
   EXPECT_EQ(idx["metadata"]["total_size"], 46);
+}
+
+// The generator's fast quantizers agree with the reference conversions on every finite fp32 in
+// their range (every bit pattern up to the saturation point, both signs, stride 61).
+TEST(MakeTiny, FastQuantizersMatchReferenceConversions) {
+  size_t checked = 0;
+  for (uint64_t u = 0; u <= 0x43e00000u; u += 61) {
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      const float x = bits_f32(uint32_t(u) | sign);
+      ASSERT_EQ(tiny_detail::e4m3_code(x), f32_to_e4m3(x)) << x;
+      if (std::fabs(x) <= 6.f) {
+        ASSERT_EQ(tiny_detail::e2m1_code(x), f32_to_e2m1(x)) << x;
+      }
+      ++checked;
+    }
+  }
+  // Every e2m1 midpoint, where ties go to the even code.
+  for (float m : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f})
+    for (float x : {m, -m, std::nextafter(m, 0.f), std::nextafter(m, 10.f)})
+      EXPECT_EQ(tiny_detail::e2m1_code(x), f32_to_e2m1(x)) << x;
+  EXPECT_GT(checked, 30'000'000u);
 }

@@ -21,6 +21,7 @@
 #include "io/shard_writer.h"
 #include "model/v41/engram_hash.h"
 #include "model/v41/tensor_specs.h"
+#include "tokenizer/v41_vocab.h"
 
 namespace di::v41 {
 
@@ -411,10 +412,10 @@ void generate_chunk(const GenContext& g, const Param& p, int64_t chunk, Buffers&
           float amax = 0.f;
           for (int64_t r = r0; r < r1; ++r)
             for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(v[r * cols + j]));
-          const float s = block_scale(amax, 448.f);
+          const float s = block_scale(amax, 448.f), inv = 1.f / s;  // powers of two: x * inv == x / s
           b.scale[size_t(tr * bc + tc)] = pow2_to_e8m0(s);
           for (int64_t r = r0; r < r1; ++r)
-            for (int64_t j = c0; j < c1; ++j) b.weight[size_t(r * cols + j)] = f32_to_e4m3(v[r * cols + j] / s);
+            for (int64_t j = c0; j < c1; ++j) b.weight[size_t(r * cols + j)] = tiny_detail::e4m3_code(v[r * cols + j] * inv);
         }
       }
       g.writer->write(p.weight, uint64_t(row0 * cols), b.weight.data(), uint64_t(n));
@@ -433,15 +434,15 @@ void generate_chunk(const GenContext& g, const Param& p, int64_t chunk, Buffers&
           const float* x = v + r * cols + gi * 32;
           float amax = 0.f;
           for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-          const float s = block_scale(amax, fp4 ? 6.f : 448.f);
+          const float s = block_scale(amax, fp4 ? 6.f : 448.f), inv = 1.f / s;
           b.scale[size_t(r * groups + gi)] = pow2_to_e8m0(s);
           if (fp4) {
             uint8_t* o = b.weight.data() + (r * cols + gi * 32) / 2;
             for (int j = 0; j < 32; j += 2)
-              o[j / 2] = uint8_t(f32_to_e2m1(x[j] / s) | (f32_to_e2m1(x[j + 1] / s) << 4));
+              o[j / 2] = uint8_t(tiny_detail::e2m1_code(x[j] * inv) | (tiny_detail::e2m1_code(x[j + 1] * inv) << 4));
           } else {
             uint8_t* o = b.weight.data() + r * cols + gi * 32;
-            for (int j = 0; j < 32; ++j) o[j] = f32_to_e4m3(x[j] / s);
+            for (int j = 0; j < 32; ++j) o[j] = tiny_detail::e4m3_code(x[j] * inv);
           }
         }
       }
@@ -523,7 +524,12 @@ TokenizerFiles prepare_tokenizer(const std::string& v3_path, int64_t vocab_size)
   } catch (const json::exception& e) {
     throw LoadError(v3_path + ": invalid JSON: " + e.what());
   }
-  json v41 = v3;  // V41DERIVE
+  json v41;
+  try {
+    v41 = derive_v41_tokenizer_json(v3);
+  } catch (const std::exception& e) {
+    throw LoadError(v3_path + ": cannot derive the V4.1 tokenizer: " + e.what());
+  }
   t.map = build_engram_token_map(v41, v3_path + " (V4.1-derived)");
   t.defined.assign(size_t(vocab_size), 0);
   auto mark = [&](int64_t id, const std::string& what) {
@@ -545,7 +551,12 @@ TokenizerFiles prepare_tokenizer(const std::string& v3_path, int64_t vocab_size)
   } catch (const json::exception& e) {
     throw LoadError(cfg_path.string() + ": invalid JSON: " + e.what());
   }
-  t.tokenizer_config_json = v3_cfg.dump(2) + "\n";  // V41DERIVE
+  if (!v3_cfg.is_object()) throw LoadError(cfg_path.string() + ": expected a JSON object");
+  // V3's Jinja chat template renders the V3 format, not V4.1's (whose encoder is code, not a
+  // template), so it is not shipped; the rest (BOS/EOS, tokenizer class) holds for V4.1.
+  v3_cfg.erase("chat_template");
+  v3_cfg["model_max_length"] = V41Config{}.max_position_embeddings;
+  t.tokenizer_config_json = v3_cfg.dump(2) + "\n";
   return t;
 }
 

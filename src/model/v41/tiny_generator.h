@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtypes.h"
 #include "io/config.h"
 
 namespace di::v41 {
@@ -59,5 +60,25 @@ std::string default_v3_tokenizer_path();
 // (bad options, non-empty out_dir without force) with a message naming the problem. config.json
 // is written last: a directory without it is an interrupted generation.
 TinyResult make_tiny_checkpoint(const TinyOptions& opts, const std::string& out_dir);
+
+// Fast quantizers of the generator's hot loops. Equal to di::f32_to_e2m1 / di::f32_to_e4m3 for
+// finite inputs (tested); exposed for that test only.
+namespace tiny_detail {
+inline uint8_t e2m1_code(float x) {
+  // Nearest of {0, .5, 1, 1.5, 2, 3, 4, 6}; at a midpoint the even code wins (>= where the upper
+  // neighbour is even, > where it is odd).
+  const float a = std::fabs(x);
+  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.f);
+  return uint8_t(code | ((f32_bits(x) >> 28) & 8));
+}
+inline uint8_t e4m3_code(float x) {
+  const uint32_t u = f32_bits(x);
+  uint32_t a = u & 0x7fffffffu;
+  // Subnormal e4m3 (below 2^-6), saturation and NaN are rare here: the exact path.
+  if (a < 0x3c800000u || a > 0x43e00000u) return f32_to_e4m3(x);
+  a += 0x7ffffu + ((a >> 20) & 1u);  // round the mantissa to 3 bits, ties to even
+  return uint8_t(((u >> 24) & 0x80u) | ((a >> 20) - (120u << 3)));
+}
+}  // namespace tiny_detail
 
 }  // namespace di::v41
