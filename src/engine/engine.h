@@ -1,0 +1,125 @@
+// The serving engine: continuous batching over one model, with a paged KV cache, a prefix cache,
+// chunked prefill and per-request sampling. One engine thread runs steps; any thread may submit
+// and cancel. Events reach the submitter through its RequestSink, called on the engine thread
+// (sinks must not block: hand work to your own executor).
+//
+// API pinned by the lead; implementation in src/engine/*.cpp.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/v41/model.h"
+
+namespace di::engine {
+
+struct SamplingParams {
+  float temperature = 1.0f;   // 0 = greedy
+  float top_p = 1.0f;         // (0, 1]
+  int top_k = 0;              // 0 = off
+  float min_p = 0.0f;         // [0, 1]
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // [-2, 2], OpenAI semantics
+  float repetition_penalty = 1.0f;                          // > 0, applied to prompt and output tokens
+  std::vector<std::pair<int32_t, float>> logit_bias;        // added to the logits
+  std::optional<uint64_t> seed;  // same seed -> same tokens, whatever else is in the batch
+  int logprobs = 0;              // 0 = none; otherwise return the chosen token's logprob and the top N (N = top_logprobs)
+  int top_logprobs = 0;          // 0..20
+};
+
+struct RequestParams {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int max_tokens = 256;
+  std::vector<int32_t> stop_token_ids;  // besides EOS (unless ignore_eos)
+  bool ignore_eos = false;
+  int n = 1;                            // choices; they share the prompt's cache pages
+  int priority = 0;                     // higher first (when priority scheduling is on)
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  std::string cache_salt;               // separates prefix-cache namespaces (e.g. per tenant)
+};
+
+struct TokenLogprob {
+  int32_t token;
+  float logprob;
+};
+
+struct TokenEvent {
+  int choice = 0;
+  int32_t token = 0;
+  float logprob = 0;                 // when requested
+  std::vector<TokenLogprob> top;     // top_logprobs alternatives, when requested
+};
+
+enum class FinishReason { Stop, Length, Cancelled, Deadline, Error };
+const char* finish_reason_name(FinishReason);
+
+struct FinishEvent {
+  int choice = 0;
+  FinishReason reason = FinishReason::Stop;
+  std::string error;  // for Error
+};
+
+struct StartEvent {
+  int prompt_tokens = 0;
+  int cached_tokens = 0;  // served from the prefix cache
+};
+
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  virtual void on_start(const StartEvent&) {}
+  virtual void on_token(const TokenEvent&) = 0;
+  virtual void on_finish(const FinishEvent&) = 0;  // once per choice, last call for that choice
+};
+
+struct EngineOptions {
+  size_t cache_budget_bytes = size_t(1) << 30;  // paged compressed KV + index keys (incl. prefix cache)
+  int page_tokens = 64;
+  int max_batch_tokens = 512;    // token budget per step (decode tokens first, then prefill chunks)
+  int max_running = 64;          // sequences decoding at once
+  int max_waiting = 256;         // bounded queue: submit fails with QueueFull beyond this
+  int64_t max_context = 0;       // prompt + max_tokens limit; 0 = model's max_position_embeddings
+  bool prefix_cache = true;
+  bool priority_scheduling = false;  // else FCFS
+  int threads = 0;               // kernel threads; 0 = all cores
+  int max_rollback = 8;
+};
+
+enum class SubmitError { None, QueueFull, TooLong, Invalid, ShuttingDown };
+
+struct SubmitResult {
+  uint64_t id = 0;
+  SubmitError error = SubmitError::None;
+  std::string message;  // names the offending field for Invalid / TooLong
+  int retry_after_s = 0; // for QueueFull
+};
+
+struct EngineStats {
+  int64_t requests_submitted = 0, requests_finished = 0, requests_rejected = 0;
+  int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
+  int waiting = 0, running = 0;
+  int64_t cache_pages_used = 0;
+  size_t cache_bytes_used = 0, cache_bytes_budget = 0;
+  int64_t prefix_lookups = 0, prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
+  int64_t preemptions = 0, steps = 0;
+};
+
+class Engine {
+ public:
+  static std::unique_ptr<Engine> create(std::shared_ptr<const v41::Model> model, const EngineOptions& opts);
+  virtual ~Engine() = default;
+  virtual SubmitResult submit(RequestParams params, std::shared_ptr<RequestSink> sink) = 0;
+  // Frees the request's pages at the next step; its choices finish with Cancelled. Unknown ids are ignored.
+  virtual void cancel(uint64_t id) = 0;
+  virtual EngineStats stats() const = 0;
+  // Finishes running work with Cancelled and stops the engine thread.
+  virtual void shutdown() = 0;
+  virtual const v41::Model& model() const = 0;
+};
+
+}  // namespace di::engine
