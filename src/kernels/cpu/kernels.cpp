@@ -40,7 +40,8 @@ bool isa_supported(Isa i) {
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512bf16") && isa_supported(Isa::Avx2);
+             __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi") &&
+             isa_supported(Isa::Avx2);
   }
   return false;
 #else

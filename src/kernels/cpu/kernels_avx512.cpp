@@ -1,7 +1,7 @@
-// AVX-512 kernels (AVX512F/BW/VL/DQ + AVX512_BF16).
+// AVX-512 kernels (AVX512F/BW/VL/DQ/VBMI + AVX512_BF16).
 //
-// FP8/FP4 linears: activations are act_quant'ed to E4M3 values held as bf16 (x 2^8); weights are
-// converted chunk by chunk to bf16 (x 2^-8, exact) in a "panel" of 32 output columns laid out as
+// FP8/FP4 linears: activations are act_quant'ed to E4M3 values held as bf16; weights are
+// converted chunk by chunk to bf16 (exact, by table lookup) in a "panel" of 32 output columns laid out as
 // [K pair][column] so that one vdpbf16ps accumulates one K pair for 16 columns. Every product is
 // exact; each 32-wide K block is summed in fp32 in the fixed order of vdpbf16ps (per K pair: odd
 // element, then even; pairs ascending), then x act_scale x weight_scale and accumulated over blocks
@@ -25,7 +25,7 @@
 // GCC 12 warns about the deliberately undefined halves inside its own AVX-512 intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma,f16c")
 
 namespace di::kern::avx512 {
 namespace {
@@ -50,7 +50,7 @@ inline float pow2_ceil_bits(float t) {
   return s;
 }
 
-// act_quant of one 32-block, bit for bit: returns 32 bf16 values (E4M3 value x 256) and the scale.
+// act_quant of one 32-block, bit for bit: returns the 32 E4M3 values as bf16, and the scale.
 inline __m512i quant_block32(const float* x, float* scale) {
   const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
   const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -81,44 +81,13 @@ inline __m512i quant_block32(const float* x, float* scale) {
     r = _mm512_or_si512(r, sign);
     const __mmask16 nan = _mm512_cmp_ps_mask(q, q, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, nan, bits);
-    out[h] = _mm512_mul_ps(_mm512_castsi512_ps(r), _mm512_set1_ps(256.f));
+    out[h] = _mm512_castsi512_ps(r);
   }
   return (__m512i)_mm512_cvtne2ps_pbh(out[1], out[0]);
 }
 
-// 32 E4M3 bytes -> 32 bf16 (value x 2^-8, exact) via the fp16 bit pattern (b & 0x7f) << 7 | sign.
-inline __m512i e4m3x32_to_bf16(const uint8_t* p) {
-  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  __m512i h = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi16(b, 7), _mm512_set1_epi16(0x3f80)),
-                              _mm512_and_si512(_mm512_slli_epi16(b, 8), _mm512_set1_epi16(int16_t(0x8000))));
-  const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7f));
-  h = _mm512_mask_mov_epi16(h, nan, _mm512_set1_epi16(0x7e00));
-  const __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-  const __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-  return (__m512i)_mm512_cvtne2ps_pbh(f1, f0);
-}
-
-// 16 packed E2M1 bytes (even element in the low nibble) -> 32 bf16 (value x 2^-8).
-inline __m512i e2m1x32_to_bf16(const uint8_t* p, __m512i table) {
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i d = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32(0xf)),
-                                    _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0xf0)), 12));
-  return _mm512_permutexvar_epi16(d, table);
-}
-
-__m512i e2m1_table() {
-  alignas(64) uint16_t t[32] = {};
-  for (int i = 0; i < 16; ++i) {
-    const float v = ((i & 8) ? -1.f : 1.f) * kE2M1Values[i & 7] * 0x1p-8f;
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    t[i] = uint16_t(u >> 16);  // exact: at most 2 significant bits
-  }
-  return _mm512_load_si512(t);
-}
-
 // In-register transpose of 16 rows x 16 dwords.
-inline void transpose16(__m512i r[16]) {
+__attribute__((always_inline)) inline void transpose16(__m512i r[16]) {
   __m512i t[16];
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
@@ -144,23 +113,111 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-// Packs weight rows [n0, n0 + nvalid) (the panel's columns; missing ones are zero) for blocks
-// [kb0, kb1) into dst[(kb - kb0) * 16 + pair][32] dwords.
-template <class RowBlock>
-inline void pack_panel(int nvalid, int64_t kb0, int64_t kb1, RowBlock&& row_block, uint32_t* dst) {
-  for (int g = 0; g < 2; ++g) {
-    if (g * 16 >= nvalid) {
-      for (int64_t kb = kb0; kb < kb1; ++kb)
-        for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + ((kb - kb0) * 16 + j) * kPanel + g * 16, _mm512_setzero_si512());
-      continue;
+// Mask of the first `bytes` bytes of a 64-byte load (rows end inside the last chunk).
+inline __mmask64 first_bytes(int64_t bytes) { return bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1; }
+
+// E4M3 -> bf16 by two 128-entry byte tables (low and high byte of the bf16, indexed by the 7-bit
+// magnitude); the sign bit is or'ed into the high byte. Exact, NaN codes give NaN.
+struct Fp8Lut {
+  __m512i lo0, lo1, hi0, hi1;
+  Fp8Lut() {
+    alignas(64) uint8_t lo[128], hi[128];
+    for (int c = 0; c < 128; ++c) {
+      const uint16_t b = f32_to_bf16(e4m3_to_f32(uint8_t(c)));  // exact
+      lo[c] = uint8_t(b & 0xff);
+      hi[c] = uint8_t(b >> 8);
     }
-    for (int64_t kb = kb0; kb < kb1; ++kb) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = g * 16 + i < nvalid ? row_block(g * 16 + i, kb) : _mm512_setzero_si512();
-      transpose16(r);
-      for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + ((kb - kb0) * 16 + j) * kPanel + g * 16, r[j]);
+    lo0 = _mm512_load_si512(lo), lo1 = _mm512_load_si512(lo + 64);
+    hi0 = _mm512_load_si512(hi), hi1 = _mm512_load_si512(hi + 64);
+  }
+};
+
+// Packs FP8 rows [n0, n0 + nvalid) x blocks [kb0, kb1) into dst[(kb - kb0) * 16 + pair][32 columns].
+// Per row, 64 bytes (two blocks) are converted with the tables; the in-lane interleave of
+// unpacklo/hi leaves pair p of the two blocks at dword 4*(p/8) + p%4 of A (p%8 < 4) or of B.
+void pack_fp8(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, int64_t kb1, const Fp8Lut& t,
+              uint32_t* dst) {
+  const __m512i sign = _mm512_set1_epi32(int(0x80808080u));
+  for (int g = 0; g < 2; ++g) {
+    for (int64_t kb = kb0; kb < kb1; kb += 2) {
+      const __mmask64 mask = first_bytes((kb1 - kb) * 32);
+      __m512i A[16], B[16];
+      for (int i = 0; i < 16; ++i) {
+        const int n = g * 16 + i;
+        if (n >= nvalid) {
+          A[i] = B[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint8_t* row = w + (n0 + n) * K + kb * 32;
+        // 32 rows are streamed a few lines at a time: too many streams for the hardware
+        // prefetcher to run ahead, so fetch the next chunk of each row explicitly.
+        _mm_prefetch(reinterpret_cast<const char*>(row + kChunkBlocks * 32), _MM_HINT_T0);
+        const __m512i b = _mm512_maskz_loadu_epi8(mask, row);
+        const __m512i lo = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, sign, 0xF8);
+        A[i] = _mm512_unpacklo_epi8(lo, hi);
+        B[i] = _mm512_unpackhi_epi8(lo, hi);
+      }
+      transpose16(A);
+      transpose16(B);
+      const int pairs = int(std::min<int64_t>(2, kb1 - kb)) * 16;
+      uint32_t* d = dst + (kb - kb0) * 16 * kPanel + g * 16;
+      for (int q = 0; q < 16; ++q) {
+        const int pa = 8 * (q / 4) + q % 4, pb = pa + 4;
+        if (pa < pairs) _mm512_store_si512(d + pa * kPanel, A[q]);
+        if (pb < pairs) _mm512_store_si512(d + pb * kPanel, B[q]);
+      }
     }
   }
+}
+
+// Packs FP4 rows: per 16 rows, 64 bytes each (four blocks, one byte = one K pair) are transposed
+// as bytes (4 unpack rounds: register = pair within the 128-bit lane, byte = row), then every
+// 16-row byte vector becomes 16 dwords of two bf16 via one 32-entry word table.
+void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, int64_t kb1, __m512i table,
+              uint32_t* dst) {
+  const int64_t row_bytes = K / 2;
+  alignas(64) uint8_t tb[16 * 64];
+  for (int g = 0; g < 2; ++g) {
+    for (int64_t kb = kb0; kb < kb1; kb += 4) {
+      const __mmask64 mask = first_bytes((kb1 - kb) * 16);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const int n = g * 16 + i;
+        if (n >= nvalid) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint8_t* row = w + (n0 + n) * row_bytes + kb * 16;
+        _mm_prefetch(reinterpret_cast<const char*>(row + kChunkBlocks * 16), _MM_HINT_T0);
+        r[i] = _mm512_maskz_loadu_epi8(mask, row);
+      }
+      for (int round = 0; round < 4; ++round) {
+        __m512i o[16];
+        for (int i = 0; i < 8; ++i) {
+          o[2 * i] = _mm512_unpacklo_epi8(r[i], r[i + 8]);
+          o[2 * i + 1] = _mm512_unpackhi_epi8(r[i], r[i + 8]);
+        }
+        for (int i = 0; i < 16; ++i) r[i] = o[i];
+      }
+      for (int c = 0; c < 16; ++c) _mm512_store_si512(tb + c * 64, r[c]);
+      const int nb = int(std::min<int64_t>(4, kb1 - kb));
+      for (int L = 0; L < nb; ++L)
+        for (int c = 0; c < 16; ++c) {
+          // dword = byte b: low word indexes with b (the table ignores bit 4), high word with b >> 4.
+          const __m512i x = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(tb + c * 64 + L * 16)));
+          const __m512i v = _mm512_permutexvar_epi16(_mm512_or_si512(x, _mm512_slli_epi32(x, 12)), table);
+          _mm512_store_si512(dst + ((kb - kb0 + L) * 16 + c) * kPanel + g * 16, v);
+        }
+    }
+  }
+}
+
+// bf16 of the 16 E2M1 codes, repeated for indices 16..31 (bit 4 of the index is the neighbour's).
+__m512i e2m1_table() {
+  alignas(64) uint16_t t[32];
+  for (int i = 0; i < 32; ++i) t[i] = f32_to_bf16(e2m1_to_f32(uint8_t(i & 15)));  // exact
+  return _mm512_load_si512(t);
 }
 
 inline __m512bh bcast_pair(const uint16_t* p) {
@@ -231,7 +288,7 @@ inline __m512 round_bf16_ps(__m512 v) {
 }
 
 struct ActScratch {
-  std::vector<uint16_t> xq;  // [m][K] bf16(E4M3 value x 256)
+  std::vector<uint16_t> xq;  // [m][K] E4M3 values as bf16
   std::vector<float> sa;     // [m][K/32]
 };
 
@@ -251,8 +308,8 @@ void quantize_rows(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPo
 
 // The shared FP8/FP4 driver. row_block(n, kb) converts 32 weights of row n; block_scale(n, kb)
 // gives its fp32 weight scale.
-template <class RowBlock, class BlockScale>
-void linear_q(const float* x, int64_t m, int64_t K, int64_t N, RowBlock row_block, BlockScale block_scale, float* y,
+template <class Pack, class BlockScale>
+void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, BlockScale block_scale, float* y,
               ThreadPool* pool) {
   thread_local ActScratch act;
   quantize_rows(x, m, K, act, pool);
@@ -271,7 +328,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, RowBlock row_bloc
       std::fill(T, T + m * kPanel, 0.f);
       for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunkBlocks) {
         const int64_t kb1 = std::min(nkb, kb0 + kChunkBlocks);
-        pack_panel(nvalid, kb0, kb1, [&](int i, int64_t kb) { return row_block(n0 + i, kb); }, panel);
+        pack(n0, nvalid, kb0, kb1, panel);
         for (int64_t kb = kb0; kb < kb1; ++kb)
           for (int c = 0; c < kPanel; ++c) sw[(kb - kb0) * kPanel + c] = c < nvalid ? block_scale(n0 + c, kb) : 0.f;
         for (int64_t r0 = 0; r0 < m; r0 += kRowTile)
@@ -339,10 +396,12 @@ void linear_f64(int64_t m, int64_t N, int64_t K, Dot&& dot, float* y, ThreadPool
 }  // namespace
 
 void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, nkb = K / 32;
   linear_q(
-      x, m, K, w.out, [&](int64_t n, int64_t kb) { return e4m3x32_to_bf16(w.w + n * K + kb * 32); },
+      x, m, K, w.out,
+      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) { pack_fp8(w.w, K, n0, nvalid, kb0, kb1, lut, dst); },
       [&](int64_t n, int64_t kb) { return e8[w.scale[(n / 32) * nkb + kb]]; }, y, pool);
 }
 
@@ -351,7 +410,8 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
   const int64_t K = w.in, nkb = K / 32;
   const __m512i table = e2m1_table();
   linear_q(
-      x, m, K, w.out, [&](int64_t n, int64_t kb) { return e2m1x32_to_bf16(w.w + n * (K / 2) + kb * 16, table); },
+      x, m, K, w.out,
+      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) { pack_fp4(w.w, K, n0, nvalid, kb0, kb1, table, dst); },
       [&](int64_t n, int64_t kb) { return e8[w.scale[n * nkb + kb]]; }, y, pool);
 }
 
