@@ -113,6 +113,16 @@ __attribute__((always_inline)) inline void transpose16(__m512i r[16]) {
   }
 }
 
+// E8M0 codes (low byte of each dword) -> 2^(c-127): the code is the fp32 exponent field, except
+// 0 (2^-127, a denormal) and 255 (NaN).
+inline __m512 e8m0_ps(__m512i codes) {
+  const __m512i c = _mm512_and_si512(codes, _mm512_set1_epi32(0xff));
+  __m512i b = _mm512_slli_epi32(c, 23);
+  b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+  b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xff)), _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(b);
+}
+
 // Mask of the first `bytes` bytes of a 64-byte load (rows end inside the last chunk).
 inline __mmask64 first_bytes(int64_t bytes) { return bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1; }
 
@@ -308,8 +318,10 @@ void quantize_rows(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPo
 
 // The shared FP8/FP4 driver. row_block(n, kb) converts 32 weights of row n; block_scale(n, kb)
 // gives its fp32 weight scale.
-template <class Pack, class BlockScale>
-void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, BlockScale block_scale, float* y,
+// pack(n0, nvalid, kb0, kb1, panel) converts the panel's weights; scales(n0, nvalid, kb0, kb1, sw)
+// writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
+template <class Pack, class Scales>
+void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales scales, float* y,
               ThreadPool* pool) {
   thread_local ActScratch act;
   quantize_rows(x, m, K, act, pool);
@@ -329,8 +341,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, BlockS
       for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunkBlocks) {
         const int64_t kb1 = std::min(nkb, kb0 + kChunkBlocks);
         pack(n0, nvalid, kb0, kb1, panel);
-        for (int64_t kb = kb0; kb < kb1; ++kb)
-          for (int c = 0; c < kPanel; ++c) sw[(kb - kb0) * kPanel + c] = c < nvalid ? block_scale(n0 + c, kb) : 0.f;
+        scales(n0, nvalid, kb0, kb1, sw);
         for (int64_t r0 = 0; r0 < m; r0 += kRowTile)
           micro_rows(int(std::min<int64_t>(kRowTile, m - r0)), xq + r0 * K + kb0 * 32, K, sa + r0 * nkb + kb0, nkb,
                      panel, sw, int(kb1 - kb0), T + r0 * kPanel);
@@ -402,17 +413,37 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
   linear_q(
       x, m, K, w.out,
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) { pack_fp8(w.w, K, n0, nvalid, kb0, kb1, lut, dst); },
-      [&](int64_t n, int64_t kb) { return e8[w.scale[(n / 32) * nkb + kb]]; }, y, pool);
+      [&](int64_t n0, int, int64_t kb0, int64_t kb1, float* sw) {  // one scale per 32 x 32 block
+        for (int64_t kb = kb0; kb < kb1; ++kb) {
+          const __m512 v = _mm512_set1_ps(e8[w.scale[(n0 / 32) * nkb + kb]]);
+          _mm512_store_ps(sw + (kb - kb0) * kPanel, v);
+          _mm512_store_ps(sw + (kb - kb0) * kPanel + 16, v);
+        }
+      },
+      y, pool);
 }
 
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
-  const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, nkb = K / 32;
   const __m512i table = e2m1_table();
   linear_q(
       x, m, K, w.out,
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) { pack_fp4(w.w, K, n0, nvalid, kb0, kb1, table, dst); },
-      [&](int64_t n, int64_t kb) { return e8[w.scale[n * nkb + kb]]; }, y, pool);
+      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* sw) {  // one scale per row and block
+        const __m512i lane = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                _mm512_set1_epi32(int(nkb)));
+        for (int g = 0; g < 2; ++g) {
+          const int rows = std::clamp(nvalid - g * 16, 0, 16);
+          const __mmask16 valid = __mmask16(rows >= 16 ? 0xffff : (1u << rows) - 1);
+          for (int64_t kb = kb0; kb < kb1; ++kb) {
+            const uint8_t* base = w.scale + (n0 + g * 16) * nkb + kb;
+            // 1-byte gathers as dword gathers at byte addresses: only the low byte is used.
+            const __m512i codes = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, lane, base, 1);
+            _mm512_store_ps(sw + (kb - kb0) * kPanel + g * 16, _mm512_maskz_mov_ps(valid, e8m0_ps(codes)));
+          }
+        }
+      },
+      y, pool);
 }
 
 void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
