@@ -12,6 +12,8 @@
 namespace di::kern {
 
 namespace detail {
+bool unrounded_quant_output = false;
+
 const float* e8m0_table() {
   static const std::array<float, 256> t = [] {
     std::array<float, 256> a{};

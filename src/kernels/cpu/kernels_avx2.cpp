@@ -124,8 +124,9 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, RowValues row_val
           }
         }
       }
+      const bool round = !detail::unrounded_quant_output;
       for (int64_t r = 0; r < m; ++r)
-        for (int c = 0; c < nvalid; ++c) y[r * N + n0 + c] = round_bf16(T[r * kPanel + c]);
+        for (int c = 0; c < nvalid; ++c) y[r * N + n0 + c] = round ? round_bf16(T[r * kPanel + c]) : T[r * kPanel + c];
     }
   });
 }

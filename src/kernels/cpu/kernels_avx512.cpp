@@ -348,9 +348,11 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales
       }
       const __mmask16 k0 = __mmask16(nvalid >= 16 ? 0xffff : (1u << nvalid) - 1);
       const __mmask16 k1 = __mmask16(nvalid <= 16 ? 0 : nvalid >= 32 ? 0xffff : (1u << (nvalid - 16)) - 1);
+      const bool round = !detail::unrounded_quant_output;
       for (int64_t r = 0; r < m; ++r) {
-        _mm512_mask_storeu_ps(y + r * N + n0, k0, round_bf16_ps(_mm512_loadu_ps(T + r * kPanel)));
-        _mm512_mask_storeu_ps(y + r * N + n0 + 16, k1, round_bf16_ps(_mm512_loadu_ps(T + r * kPanel + 16)));
+        const __m512 t0 = _mm512_loadu_ps(T + r * kPanel), t1 = _mm512_loadu_ps(T + r * kPanel + 16);
+        _mm512_mask_storeu_ps(y + r * N + n0, k0, round ? round_bf16_ps(t0) : t0);
+        _mm512_mask_storeu_ps(y + r * N + n0 + 16, k1, round ? round_bf16_ps(t1) : t1);
       }
     }
   });

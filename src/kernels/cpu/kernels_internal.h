@@ -17,6 +17,11 @@ namespace di::kern::detail {
 // E8M0 code -> fp32 (2^(code-127); 255 = NaN), a table shared by all ISAs.
 const float* e8m0_table();
 
+// Test hook: when set, linear_fp8/fp4 of the AVX2/AVX-512 paths write their fp32 totals without
+// the final bf16 rounding, so tests can compare summation orders bit for bit (a wrong order
+// rarely changes a bf16 output). Never set outside tests.
+extern bool unrounded_quant_output;
+
 }  // namespace di::kern::detail
 
 #define DI_KERN_DECLARE_ISA(ns)                                                                                   \
