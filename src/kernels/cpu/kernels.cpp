@@ -78,7 +78,13 @@ ThreadPool*& pool_slot() {
   static ThreadPool* p = nullptr;
   return p;
 }
-ThreadPool* pick(ThreadPool* p) { return p ? p : pool_slot(); }
+// Splitting costs a wake-up and a join (microseconds), so small products stay on the caller.
+// Results do not depend on the split, only speed does.
+constexpr int64_t kMinParallelMacs = int64_t(1) << 19;
+template <class W>
+ThreadPool* pick(ThreadPool* p, int64_t m, const W& w) {
+  return m * w.out * w.in < kMinParallelMacs ? nullptr : (p ? p : pool_slot());
+}
 }  // namespace
 
 Isa active_isa() { return current(); }
@@ -94,8 +100,8 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
   if (m <= 0 || w.out <= 0) return;
   const bool blocks = w.in % 32 == 0;
   switch (current()) {
-    case Isa::Avx512: if (blocks) return avx512::linear_fp8(x, m, w, y, pick(pool)); break;
-    case Isa::Avx2: if (blocks) return avx2::linear_fp8(x, m, w, y, pick(pool)); break;
+    case Isa::Avx512: if (blocks) return avx512::linear_fp8(x, m, w, y, pick(pool, m, w)); break;
+    case Isa::Avx2: if (blocks) return avx2::linear_fp8(x, m, w, y, pick(pool, m, w)); break;
     case Isa::Scalar: break;
   }
   ref::linear_fp8(x, m, w, y);
@@ -104,8 +110,8 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
   if (m <= 0 || w.out <= 0) return;
   const bool blocks = w.in % 32 == 0;
   switch (current()) {
-    case Isa::Avx512: if (blocks) return avx512::linear_fp4(x, m, w, y, pick(pool)); break;
-    case Isa::Avx2: if (blocks) return avx2::linear_fp4(x, m, w, y, pick(pool)); break;
+    case Isa::Avx512: if (blocks) return avx512::linear_fp4(x, m, w, y, pick(pool, m, w)); break;
+    case Isa::Avx2: if (blocks) return avx2::linear_fp4(x, m, w, y, pick(pool, m, w)); break;
     case Isa::Scalar: break;
   }
   ref::linear_fp4(x, m, w, y);
@@ -113,24 +119,24 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
 void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
   if (m <= 0 || w.out <= 0) return;
   switch (current()) {
-    case Isa::Avx512: return avx512::linear_bf16(x, m, w, y, round_out, pick(pool));
-    case Isa::Avx2: return avx2::linear_bf16(x, m, w, y, round_out, pick(pool));
+    case Isa::Avx512: return avx512::linear_bf16(x, m, w, y, round_out, pick(pool, m, w));
+    case Isa::Avx2: return avx2::linear_bf16(x, m, w, y, round_out, pick(pool, m, w));
     case Isa::Scalar: return ref::linear_bf16(x, m, w, y, round_out);
   }
 }
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
   if (m <= 0 || w.out <= 0) return;
   switch (current()) {
-    case Isa::Avx512: return avx512::linear_f32(x, m, w, y, pick(pool));
-    case Isa::Avx2: return avx2::linear_f32(x, m, w, y, pick(pool));
+    case Isa::Avx512: return avx512::linear_f32(x, m, w, y, pick(pool, m, w));
+    case Isa::Avx2: return avx2::linear_f32(x, m, w, y, pick(pool, m, w));
     case Isa::Scalar: return ref::linear_f32(x, m, w, y);
   }
 }
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   if (m <= 0 || w.out <= 0) return;
   switch (current()) {
-    case Isa::Avx512: return avx512::linear_fp8_dequant(x, m, w, y, pick(pool));
-    case Isa::Avx2: return avx2::linear_fp8_dequant(x, m, w, y, pick(pool));
+    case Isa::Avx512: return avx512::linear_fp8_dequant(x, m, w, y, pick(pool, m, w));
+    case Isa::Avx2: return avx2::linear_fp8_dequant(x, m, w, y, pick(pool, m, w));
     case Isa::Scalar: return ref::linear_fp8_dequant(x, m, w, y);
   }
 }

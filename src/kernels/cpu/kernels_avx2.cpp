@@ -55,7 +55,7 @@ inline void micro(const float* xq, int64_t ldx, const float* sa, int64_t lds, co
     for (int j = 0; j < 16; ++j) {
       for (int e = 1; e >= 0; --e) {  // odd element of the pair first, as vdpbf16ps
         const int k = 2 * j + e;
-        const __m256 w0 = _mm256_load_ps(pw + k * kPanel), w1 = _mm256_load_ps(pw + k * kPanel + 8);
+        const __m256 w0 = _mm256_loadu_ps(pw + k * kPanel), w1 = _mm256_loadu_ps(pw + k * kPanel + 8);
         for (int r = 0; r < R; ++r) {
           const __m256 xv = _mm256_broadcast_ss(xb + r * ldx + k);
           p0[r] = _mm256_fmadd_ps(w0, xv, p0[r]);

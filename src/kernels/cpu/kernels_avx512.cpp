@@ -137,8 +137,8 @@ struct Fp8Lut {
       lo[c] = uint8_t(b & 0xff);
       hi[c] = uint8_t(b >> 8);
     }
-    lo0 = _mm512_load_si512(lo), lo1 = _mm512_load_si512(lo + 64);
-    hi0 = _mm512_load_si512(hi), hi1 = _mm512_load_si512(hi + 64);
+    lo0 = _mm512_loadu_si512(lo), lo1 = _mm512_loadu_si512(lo + 64);
+    hi0 = _mm512_loadu_si512(hi), hi1 = _mm512_loadu_si512(hi + 64);
   }
 };
 
@@ -174,8 +174,8 @@ void pack_fp8(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, 
       uint32_t* d = dst + (kb - kb0) * 16 * kPanel + g * 16;
       for (int q = 0; q < 16; ++q) {
         const int pa = 8 * (q / 4) + q % 4, pb = pa + 4;
-        if (pa < pairs) _mm512_store_si512(d + pa * kPanel, A[q]);
-        if (pb < pairs) _mm512_store_si512(d + pb * kPanel, B[q]);
+        if (pa < pairs) _mm512_storeu_si512(d + pa * kPanel, A[q]);
+        if (pb < pairs) _mm512_storeu_si512(d + pb * kPanel, B[q]);
       }
     }
   }
@@ -210,14 +210,14 @@ void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, 
         }
         for (int i = 0; i < 16; ++i) r[i] = o[i];
       }
-      for (int c = 0; c < 16; ++c) _mm512_store_si512(tb + c * 64, r[c]);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_si512(tb + c * 64, r[c]);
       const int nb = int(std::min<int64_t>(4, kb1 - kb));
       for (int L = 0; L < nb; ++L)
         for (int c = 0; c < 16; ++c) {
           // dword = byte b: low word indexes with b (the table ignores bit 4), high word with b >> 4.
           const __m512i x = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(tb + c * 64 + L * 16)));
           const __m512i v = _mm512_permutexvar_epi16(_mm512_or_si512(x, _mm512_slli_epi32(x, 12)), table);
-          _mm512_store_si512(dst + ((kb - kb0 + L) * 16 + c) * kPanel + g * 16, v);
+          _mm512_storeu_si512(dst + ((kb - kb0 + L) * 16 + c) * kPanel + g * 16, v);
         }
     }
   }
@@ -227,7 +227,7 @@ void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, 
 __m512i e2m1_table() {
   alignas(64) uint16_t t[32];
   for (int i = 0; i < 32; ++i) t[i] = f32_to_bf16(e2m1_to_f32(uint8_t(i & 15)));  // exact
-  return _mm512_load_si512(t);
+  return _mm512_loadu_si512(t);
 }
 
 inline __m512bh bcast_pair(const uint16_t* p) {
@@ -251,8 +251,8 @@ inline void micro(const uint16_t* xq, int64_t ldx, const float* sa, int64_t lds,
     const uint32_t* pw = panel + b * 16 * kPanel;
     const uint16_t* xb = xq + b * 32;
     for (int j = 0; j < 16; ++j) {
-      const __m512bh w0 = (__m512bh)_mm512_load_si512(pw + j * kPanel);
-      const __m512bh w1 = (__m512bh)_mm512_load_si512(pw + j * kPanel + 16);
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(pw + j * kPanel);
+      const __m512bh w1 = (__m512bh)_mm512_loadu_si512(pw + j * kPanel + 16);
       for (int r = 0; r < R; ++r) {
         const __m512bh xv = bcast_pair(xb + r * ldx + 2 * j);
         p0[r] = _mm512_dpbf16_ps(p0[r], w0, xv);
@@ -418,8 +418,8 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
       [&](int64_t n0, int, int64_t kb0, int64_t kb1, float* sw) {  // one scale per 32 x 32 block
         for (int64_t kb = kb0; kb < kb1; ++kb) {
           const __m512 v = _mm512_set1_ps(e8[w.scale[(n0 / 32) * nkb + kb]]);
-          _mm512_store_ps(sw + (kb - kb0) * kPanel, v);
-          _mm512_store_ps(sw + (kb - kb0) * kPanel + 16, v);
+          _mm512_storeu_ps(sw + (kb - kb0) * kPanel, v);
+          _mm512_storeu_ps(sw + (kb - kb0) * kPanel + 16, v);
         }
       },
       y, pool);
@@ -441,7 +441,7 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
             const uint8_t* base = w.scale + (n0 + g * 16) * nkb + kb;
             // 1-byte gathers as dword gathers at byte addresses: only the low byte is used.
             const __m512i codes = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, lane, base, 1);
-            _mm512_store_ps(sw + (kb - kb0) * kPanel + g * 16, _mm512_maskz_mov_ps(valid, e8m0_ps(codes)));
+            _mm512_storeu_ps(sw + (kb - kb0) * kPanel + g * 16, _mm512_maskz_mov_ps(valid, e8m0_ps(codes)));
           }
         }
       },
@@ -519,9 +519,9 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
         const float* row = l < ng && kv_rows[g0 + l] ? kv_rows[g0 + l] : zero_row.data();
         addr[l] = int64_t(reinterpret_cast<uintptr_t>(row));
       }
-      __m512i va = _mm512_load_si512(addr);
+      __m512i va = _mm512_loadu_si512(addr);
       for (int i = 0; i < d; ++i) {
-        _mm512_store_pd(kt + int64_t(i) * 8, _mm512_cvtps_pd(_mm512_i64gather_ps(va, nullptr, 1)));
+        _mm512_storeu_pd(kt + int64_t(i) * 8, _mm512_cvtps_pd(_mm512_i64gather_ps(va, nullptr, 1)));
         va = _mm512_add_epi64(va, _mm512_set1_epi64(4));
       }
       for (int h0 = 0; h0 < H; h0 += 8) {
@@ -531,19 +531,19 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
         const float* qh = q + int64_t(h0) * d;
         if (nh == 8) {
           for (int i = 0; i < d; ++i) {
-            const __m512d kv = _mm512_load_pd(kt + int64_t(i) * 8);
+            const __m512d kv = _mm512_loadu_pd(kt + int64_t(i) * 8);
             for (int hh = 0; hh < 8; ++hh) a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(double(qh[int64_t(hh) * d + i])), kv, a[hh]);
           }
         } else {
           for (int i = 0; i < d; ++i) {
-            const __m512d kv = _mm512_load_pd(kt + int64_t(i) * 8);
+            const __m512d kv = _mm512_loadu_pd(kt + int64_t(i) * 8);
             for (int hh = 0; hh < nh; ++hh)
               a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(double(qh[int64_t(hh) * d + i])), kv, a[hh]);
           }
         }
         for (int hh = 0; hh < nh; ++hh) {
           alignas(64) double dots[8];
-          _mm512_store_pd(dots, a[hh]);
+          _mm512_storeu_pd(dots, a[hh]);
           for (int l = 0; l < ng; ++l)
             score[size_t(h0 + hh) * kChunk + size_t(g0 - c0 + l)] =
                 kv_rows[g0 + l] ? float(dots[l]) * softmax_scale : -INFINITY;
