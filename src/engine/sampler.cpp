@@ -159,24 +159,26 @@ int32_t TokenSampler::draw(const SamplingParams& p, double u) {
     total_k = 0;
     for (size_t i = 0; i < k; ++i) total_k += e_[size_t(order_[i])];
   }
-  // Sort just enough of the top-k to cover the top_p mass, growing the sorted part as needed.
+  // Sort just enough of the top-k to cover the top_p mass: select the next block of best tokens
+  // (linear time), sort only that block, and grow the block size if the mass is not reached.
   size_t keep = k;
   if (p.top_p < 1.0f) {
     const double mass = double(p.top_p) * total_k;
-    size_t sorted_n = std::min<size_t>(k, 64);
-    size_t done = 0;
     double acc = 0;
+    size_t done = 0, block = 64;
     for (;;) {
-      std::partial_sort(order_.begin() + std::ptrdiff_t(done), order_.begin() + std::ptrdiff_t(sorted_n),
-                        order_.begin() + std::ptrdiff_t(k), better);
+      const size_t end = std::min(k, done + block);
+      auto first = order_.begin() + std::ptrdiff_t(done), last = order_.begin() + std::ptrdiff_t(end);
+      if (end < k) std::nth_element(first, last, order_.begin() + std::ptrdiff_t(k), better);
+      std::sort(first, last, better);
       size_t i = done;
-      for (; i < sorted_n; ++i) {
-        if (acc >= mass) break;
-        acc += e_[size_t(order_[i])];
+      while (i < end && acc < mass) acc += e_[size_t(order_[i++])];
+      if (acc >= mass || end == k) {
+        keep = std::max<size_t>(i, 1);
+        break;
       }
-      if (i < sorted_n || sorted_n == k) { keep = std::max<size_t>(i, 1); break; }
-      done = sorted_n;
-      sorted_n = std::min(k, sorted_n * 8);
+      done = end;
+      block *= 8;
     }
   } else {
     std::sort(order_.begin(), order_.begin() + std::ptrdiff_t(k), better);
