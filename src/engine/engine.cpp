@@ -58,7 +58,8 @@ class EngineImpl final : public Engine {
       r.error = SubmitError::ShuttingDown;
       r.message = "the engine is shutting down";
     }
-    if (r.error == SubmitError::None && queued_ + int(inbox_.size()) >= opts_.max_waiting) {
+    // Inbox entries move into the scheduler under mu_, so this count is exact.
+    if (r.error == SubmitError::None && sched_.waiting_requests() + int(inbox_.size()) >= opts_.max_waiting) {
       r.error = SubmitError::QueueFull;
       r.message = "the waiting queue is full (" + std::to_string(opts_.max_waiting) + " requests)";
       r.retry_after_s = retry_after_locked(int64_t(params.prompt.size()));
@@ -121,13 +122,12 @@ class EngineImpl final : public Engine {
 
   // Seconds until the queue ahead of a new request has drained, at the recent token rate.
   int retry_after_locked(int64_t own_tokens) const {
-    const double tokens = double(queued_tokens_ + inbox_tokens_ + own_tokens);
+    const double tokens = double(sched_.waiting_prompt_tokens() + inbox_tokens_ + own_tokens);
     const double rate = tokens_per_s_ > 1.0 ? tokens_per_s_ : 1.0;
     return int(std::clamp(std::ceil(tokens / rate), 1.0, 600.0));
   }
 
   void loop() {
-    std::vector<Pending> inbox;
     std::vector<uint64_t> cancels;
     std::vector<std::pair<uint64_t, int>> stops;
     bool busy = false;
@@ -137,16 +137,13 @@ class EngineImpl final : public Engine {
         std::unique_lock lk(mu_);
         if (!busy)
           cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !stops_.empty(); });
-        inbox.swap(inbox_);
+        for (auto& p : inbox_) sched_.add(p.id, std::move(p.params), std::move(p.sink), p.seed, p.submitted);
+        inbox_.clear();
+        inbox_tokens_ = 0;
         cancels.swap(cancels_);
         stops.swap(stops_);
-        queued_ += int(inbox.size());  // still counted against max_waiting until publish()
-        queued_tokens_ += inbox_tokens_;
-        inbox_tokens_ = 0;
         stop = stopping_;
       }
-      for (auto& p : inbox) sched_.add(p.id, std::move(p.params), std::move(p.sink), p.seed, p.submitted);
-      inbox.clear();
       for (uint64_t id : cancels) sched_.cancel(id);
       cancels.clear();
       for (auto [id, c] : stops) sched_.stop_choice(id, c);
@@ -178,8 +175,6 @@ class EngineImpl final : public Engine {
       const double rate = double(step_tokens) / step_s;
       tokens_per_s_ = tokens_per_s_ > 0 ? 0.9 * tokens_per_s_ + 0.1 * rate : rate;
     }
-    queued_ = sched_.waiting_requests();
-    queued_tokens_ = sched_.waiting_prompt_tokens();
     stats_.requests_finished = c.requests_finished;
     stats_.prompt_tokens = c.prompt_tokens;
     stats_.cached_prompt_tokens = c.cached_prompt_tokens;
@@ -210,8 +205,7 @@ class EngineImpl final : public Engine {
   bool stopping_ = false;
   uint64_t next_id_ = 1;
   std::mt19937_64 rng_;  // seeds for requests without one
-  int queued_ = 0;       // requests the scheduler has not admitted yet
-  int64_t queued_tokens_ = 0, inbox_tokens_ = 0;
+  int64_t inbox_tokens_ = 0;
   double tokens_per_s_ = 0;
   EngineStats stats_;
   std::thread thread_;

@@ -11,6 +11,7 @@
 // (5) one forward_batch; (6) choices whose tokens are all processed sample their next token.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -53,7 +54,8 @@ class Scheduler {
   bool step();
   bool has_work() const { return !requests_.empty(); }
 
-  int waiting_requests() const;      // requests not admitted yet (their first choice is waiting)
+  // Requests not admitted yet and their prompt tokens; safe to call from any thread.
+  int waiting_requests() const;
   int64_t waiting_prompt_tokens() const;
   int running_choices() const { return int(running_.size()); }
   int waiting_choices() const { return int(waiting_.size()); }
@@ -113,8 +115,9 @@ class Scheduler {
   std::vector<Request*> done_;  // finished in this call; erased at its end
   std::vector<Seq*> order_;
   std::vector<uint64_t> scratch_ids_;
-  int unstarted_ = 0;
-  int64_t unstarted_tokens_ = 0;
+  // Read by submitting threads (queue limit, Retry-After) while the engine thread steps.
+  std::atomic<int> unstarted_{0};
+  std::atomic<int64_t> unstarted_tokens_{0};
 
   SchedulerCounters counters_;
 };
