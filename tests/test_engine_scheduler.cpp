@@ -324,3 +324,42 @@ TEST(EngineScheduler, LogprobsAndBiasThroughTheEngine) {
 }
 
 }  // namespace
+
+namespace {
+
+class StartLog : public Recorder {
+ public:
+  StartLog(std::vector<int>* log, int tag) : log_(log), tag_(tag) {}
+  void on_start(const StartEvent& e) override {
+    Recorder::on_start(e);
+    log_->push_back(tag_);
+  }
+
+ private:
+  std::vector<int>* log_;
+  int tag_;
+};
+
+std::vector<int> start_order(bool priority) {
+  EngineOptions o = test::small_options();
+  o.max_running = 1;
+  o.priority_scheduling = priority;
+  Scheduler s(model(), o);
+  std::vector<int> log;
+  const int prio[] = {0, 0, 5, -1, 5};
+  for (int i = 0; i < 5; ++i) {
+    RequestParams p = test::greedy_request({5, 6, int32_t(7 + i)}, 2);
+    p.priority = prio[i];
+    s.add(uint64_t(i + 1), p, std::make_shared<StartLog>(&log, i), 0);
+  }
+  test::run_all(s);
+  return log;
+}
+
+TEST(EngineScheduler, FcfsOrPriorityAdmission) {
+  EXPECT_EQ(start_order(false), (std::vector<int>{0, 1, 2, 3, 4}));
+  // All five wait before the first step: higher priority first, FCFS within a priority.
+  EXPECT_EQ(start_order(true), (std::vector<int>{2, 4, 0, 1, 3}));
+}
+
+}  // namespace
