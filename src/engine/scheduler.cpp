@@ -120,6 +120,7 @@ void Scheduler::drop_state(Seq* s, bool cache_pages) {
 }
 
 void Scheduler::preempt(Seq* s) {
+  if (s->generated() > 0) ++counters_.preempted_with_output;
   drop_state(s, false);
   std::erase(running_, s);
   s->scheduled = false;
@@ -236,7 +237,7 @@ bool Scheduler::step() {
     bool room = true;
     while (!ensure_room(s->state->bytes_needed(1))) {
       Seq* v = pick_victim(s);
-      if (!v) { room = false; break; }
+      if (!v || Order{opts_.priority_scheduling}(v, s)) { room = false; break; }  // s itself ranks lowest
       preempt(v);
     }
     if (!room) { preempt(s); continue; }

@@ -31,6 +31,7 @@ struct SchedulerCounters {
   int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
   int64_t prefix_lookups = 0, prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
   int64_t preemptions = 0, steps = 0;
+  int64_t preempted_with_output = 0;  // preemptions of choices that had generated tokens already
   int64_t step_tokens = 0;  // tokens run by forward passes (prefill, recompute, decode)
 };
 
