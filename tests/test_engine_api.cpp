@@ -14,7 +14,7 @@ using di::test::Recorder;
 
 namespace {
 
-std::shared_ptr<const v41::Model> model() { return test::golden_model(); }
+std::shared_ptr<const v41::Model> model() { return test::golden_model_ptr(); }
 
 std::unique_ptr<Engine> make_engine(EngineOptions o = test::small_options()) { return Engine::create(model(), o); }
 

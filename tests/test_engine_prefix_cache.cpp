@@ -13,7 +13,7 @@ using di::test::Recorder;
 
 namespace {
 
-const v41::Model& model() { return *test::golden_model(); }
+const v41::Model& model() { return test::golden_model(); }
 
 std::string hex(const CacheKey& k) {
   static const char* d = "0123456789abcdef";

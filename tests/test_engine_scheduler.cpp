@@ -13,7 +13,7 @@ using di::test::Recorder;
 
 namespace {
 
-const v41::Model& model() { return *test::golden_model(); }
+const v41::Model& model() { return test::golden_model(); }
 
 // Prompts of many lengths (1 .. 150 tokens) cut from the corpus and the golden prompts.
 std::vector<std::vector<int32_t>> mixed_prompts() {

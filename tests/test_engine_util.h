@@ -17,15 +17,6 @@
 
 namespace di::test {
 
-inline std::shared_ptr<const v41::Model> golden_model() {
-  static std::shared_ptr<const v41::Model> m = [] {
-    v41::LoadOptions o;
-    o.tokenizer_path = v3_tokenizer_json();
-    return std::shared_ptr<const v41::Model>(v41::Model::load(golden_model_dir(), o));
-  }();
-  return m;
-}
-
 inline std::vector<int32_t> golden_tensor(const std::string& name) {
   static Checkpoint g = Checkpoint::open(golden_expected());
   const auto& v = g.get(name);

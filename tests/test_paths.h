@@ -19,12 +19,13 @@ inline std::string v3_tokenizer_json() {
 
 namespace di::test {
 // The golden tiny model with the npm tokenizer, loaded once per test executable.
-inline v41::Model& golden_model() {
-  static std::unique_ptr<v41::Model> m = [] {
+inline std::shared_ptr<v41::Model> golden_model_ptr() {
+  static std::shared_ptr<v41::Model> m = [] {
     v41::LoadOptions o;
     o.tokenizer_path = v3_tokenizer_json();
-    return v41::Model::load(golden_model_dir(), o);
+    return std::shared_ptr<v41::Model>(v41::Model::load(golden_model_dir(), o));
   }();
-  return *m;
+  return m;
 }
+inline v41::Model& golden_model() { return *golden_model_ptr(); }
 }  // namespace di::test
