@@ -3,6 +3,9 @@
 // there is work and sleeps on a condition variable otherwise.
 #include "engine/engine.h"
 
+#include "core/thread_pool.h"
+#include "kernels/cpu/kernels.h"
+
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -44,9 +47,16 @@ void check_options(const EngineOptions& o) {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(std::shared_ptr<const v41::Model> model, const EngineOptions& opts)
-      : model_(std::move(model)), opts_(opts), sched_(*model_, opts_), rng_(std::random_device{}()) {
+      : model_(std::move(model)),
+        opts_(opts),
+        sched_(*model_, opts_),
+        rng_(std::random_device{}()),
+        pool_(opts.threads > 0 ? opts.threads : ThreadPool::default_threads()) {
     stats_.cache_bytes_budget = opts_.cache_budget_bytes;
-    thread_ = std::thread([this] { loop(); });
+    thread_ = std::thread([this] {
+      kern::set_default_pool(&pool_);  // this thread's forward passes use the engine's pool
+      loop();
+    });
   }
   ~EngineImpl() override { shutdown(); }
 
@@ -208,6 +218,7 @@ class EngineImpl final : public Engine {
   int64_t inbox_tokens_ = 0;
   double tokens_per_s_ = 0;
   EngineStats stats_;
+  ThreadPool pool_;
   std::thread thread_;
 };
 

@@ -74,8 +74,10 @@ Isa& current() {
   static Isa isa = parse_isa_env();
   return isa;
 }
+// Per calling thread: each engine (or CLI) thread runs its forward passes on its own pool, and
+// kernels called from inside a pool worker run inline.
 ThreadPool*& pool_slot() {
-  static ThreadPool* p = nullptr;
+  thread_local ThreadPool* p = nullptr;
   return p;
 }
 // Splitting costs a wake-up and a join (microseconds), so small products stay on the caller.

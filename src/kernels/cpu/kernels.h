@@ -21,9 +21,9 @@ Isa active_isa();  // what the kernels use now (DEEPINFER_ISA, else best_isa())
 void set_isa(Isa);  // throws std::invalid_argument if the CPU lacks it
 bool isa_supported(Isa);
 
-// The pool the kernels use when their `pool` argument is null (initially none: single-threaded).
-// The model/engine sets it once (sized by --threads); kernels called from inside a pool worker
-// run single-threaded on that worker.
+// The pool the kernels use when their `pool` argument is null, for the calling thread only
+// (initially none: single-threaded). Each engine or CLI thread sets its own, sized by --threads;
+// kernels called from inside a pool worker run single-threaded on that worker.
 void set_default_pool(ThreadPool*);
 ThreadPool* default_pool();
 
