@@ -94,10 +94,11 @@ class FakeEngine : public engine::Engine {
     }
     thread_.join();
     // Finish what is left, as the real engine does.
-    for (auto* list : {&running_, &waiting_})
-      for (auto& q : *list)
-        for (int c = 0; c < q->params.n; ++c)
-          if (!q->finished[size_t(c)]) q->sink->on_finish({c, engine::FinishReason::Cancelled, ""});
+    std::vector<std::shared_ptr<Req>> left(running_.begin(), running_.end());
+    left.insert(left.end(), waiting_.begin(), waiting_.end());
+    for (auto& q : left)
+      for (int c = 0; c < q->params.n; ++c)
+        if (!q->finished[size_t(c)]) q->sink->on_finish({c, engine::FinishReason::Cancelled, ""});
     running_.clear();
     waiting_.clear();
   }

@@ -228,11 +228,11 @@ ApiError invalid_param(const std::string& param, const std::string& message, con
 }
 
 std::string error_body(const ApiError& e) {
-  nlohmann::json j;
+  ojson j;
   j["error"]["message"] = e.message;
   j["error"]["type"] = e.type;
-  j["error"]["param"] = e.param.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.param);
-  j["error"]["code"] = e.code.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.code);
+  j["error"]["param"] = e.param.empty() ? ojson(nullptr) : ojson(e.param);
+  j["error"]["code"] = e.code.empty() ? ojson(nullptr) : ojson(e.code);
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
