@@ -62,6 +62,9 @@ struct FinishEvent {
   int choice = 0;
   FinishReason reason = FinishReason::Stop;
   std::string error;  // for Error
+  // The EOS / stop_token_ids token that ended the choice (reason Stop), else -1. Stop tokens are
+  // not delivered as TokenEvents (they are not part of the completion text).
+  int32_t stop_token = -1;
 };
 
 struct StartEvent {
@@ -107,6 +110,8 @@ struct EngineStats {
   size_t cache_bytes_used = 0, cache_bytes_budget = 0;
   int64_t prefix_lookups = 0, prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
   int64_t preemptions = 0, steps = 0;
+  size_t prefix_cache_bytes = 0;  // pages held by the prefix cache (part of cache_bytes_used)
+  int64_t prefix_cache_entries = 0, prefix_cache_evictions = 0;
 };
 
 class Engine {
@@ -116,6 +121,10 @@ class Engine {
   virtual SubmitResult submit(RequestParams params, std::shared_ptr<RequestSink> sink) = 0;
   // Frees the request's pages at the next step; its choices finish with Cancelled. Unknown ids are ignored.
   virtual void cancel(uint64_t id) = 0;
+  // Finishes one choice with Stop at the next step (e.g. the server matched a stop string in it);
+  // the request's other choices go on. Unknown ids / choices are ignored. The default
+  // implementation (for test doubles) cancels the whole request.
+  virtual void stop_choice(uint64_t id, int choice) { (void)choice; cancel(id); }
   virtual EngineStats stats() const = 0;
   // Finishes running work with Cancelled and stops the engine thread.
   virtual void shutdown() = 0;

@@ -1,0 +1,99 @@
+// Prefix cache: full pages of compressed KV / index keys, keyed by a SHA-256 hash chain.
+//
+// The key of token page k of a sequence is SHA-256(key of page k-1 || its page_tokens token ids as
+// u32 LE); page 0's parent is a root key that hashes the model/format id and the request's
+// cache_salt, so one key names one whole prefix in one namespace. A lookup walks the chain from
+// page 0 and stops at the first missing key.
+//
+// Entries hold one token page (its page in every KV-source cache). Sequences that adopted entries
+// hold a reference on each; eviction takes least recently used entries that nobody references,
+// that have no cached children (a middle entry would strand its descendants), and whose pages no
+// live sequence shares (evicting those would free nothing).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/v41/state.h"
+
+namespace di::engine {
+
+using CacheKey = std::array<uint8_t, 32>;
+
+// SHA-256 (FIPS 180-4), incremental.
+class Sha256 {
+ public:
+  Sha256();
+  void update(const void* data, size_t n);
+  CacheKey finish();
+
+ private:
+  void block(const uint8_t* p);
+  uint32_t h_[8];
+  uint8_t buf_[64];
+  size_t buf_n_ = 0;
+  uint64_t total_ = 0;
+};
+
+class PrefixCache {
+ public:
+  struct Entry;
+
+  // `format_id` names the model and cache layout (pages of different models never mix).
+  PrefixCache(int page_tokens, std::string format_id);
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  int page_tokens() const { return page_tokens_; }
+  CacheKey root_key(const std::string& salt) const;
+  // Appends to `keys` (which holds the first keys.size() keys of this chain, rooted at `root`) the
+  // keys of the full pages of `tokens` up to `n_pages` in all.
+  void extend_keys(const CacheKey& root, std::span<const int32_t> tokens, size_t n_pages,
+                   std::vector<CacheKey>& keys) const;
+
+  // The longest run of cached pages along `keys`: marks them most recently used and appends them
+  // to `held` with a reference taken on each. Returns the number of pages.
+  size_t acquire(std::span<const CacheKey> keys, std::vector<Entry*>& held);
+  void release(std::vector<Entry*>& held);  // drops the references and clears `held`
+  // The pages of held entries, as SequenceState::adopt_prefix takes them.
+  v41::PrefixPages pages(std::span<Entry* const> entries) const;
+
+  // Caches the full pages of `state` covered by `keys` that are not cached yet (keys[k] is the
+  // key of token page k of the state's tokens); already cached ones are marked recently used.
+  void insert(const v41::SequenceState& state, std::span<const CacheKey> keys);
+
+  // Evicts entries (LRU first) until `pool.free_bytes() >= bytes`. False if it cannot get there.
+  bool make_room(const v41::PagePool& pool, size_t bytes);
+  // Evicts every entry it may (tests, shutdown).
+  void evict_all();
+
+  // Bytes make_room could free now (entries nobody references or shares).
+  size_t reclaimable_bytes() const;
+
+  size_t entries() const { return map_.size(); }
+  size_t bytes() const { return bytes_; }  // pages held by entries (shared ones included)
+  int64_t evictions() const { return evictions_; }
+
+ private:
+  struct KeyHash {
+    size_t operator()(const CacheKey& k) const;
+  };
+  bool evictable(const Entry& e) const;
+  void erase(Entry* e);
+
+  int page_tokens_;
+  std::string format_id_;
+  std::unordered_map<CacheKey, std::unique_ptr<Entry>, KeyHash> map_;
+  std::list<Entry*> lru_;  // front = least recently used
+  size_t bytes_ = 0;
+  int64_t evictions_ = 0;
+};
+
+}  // namespace di::engine

@@ -1,0 +1,467 @@
+#include "engine/scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace di::engine {
+namespace {
+
+class NullSink final : public RequestSink {
+ public:
+  void on_token(const TokenEvent&) override {}
+  void on_finish(const FinishEvent&) override {}
+};
+
+// Names the cache layout, so that pages of differently shaped models never share keys.
+std::string format_id(const V41Config& c, const EngineOptions& o) {
+  std::string s = "v41;fp32-rows;vocab=" + std::to_string(c.vocab_size) + ";dim=" + std::to_string(c.dim) +
+                  ";layers=" + std::to_string(c.n_layers) + ";head=" + std::to_string(c.head_dim) +
+                  ";index=" + std::to_string(c.index_head_dim) + ";window=" + std::to_string(c.window_size) +
+                  ";page=" + std::to_string(o.page_tokens) + ";ratios=";
+  for (int r : c.compress_ratios) s += std::to_string(r) + ",";
+  s += ";kv=";
+  for (int r : c.kv_source_layers) s += std::to_string(r) + ",";
+  return s;
+}
+
+template <class F>
+void notify(const char* what, uint64_t id, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    spdlog::warn("request {}: sink {} threw: {}", id, what, e.what());
+  } catch (...) {
+    spdlog::warn("request {}: sink {} threw", id, what);
+  }
+}
+
+}  // namespace
+
+bool Scheduler::Order::operator()(const Seq* a, const Seq* b) const {
+  if (priority && a->req->params.priority != b->req->params.priority)
+    return a->req->params.priority > b->req->params.priority;
+  if (a->req->arrival != b->req->arrival) return a->req->arrival < b->req->arrival;
+  return a->choice < b->choice;
+}
+
+Scheduler::Scheduler(const v41::Model& model, const EngineOptions& opts)
+    : model_(model),
+      opts_(opts),
+      max_context_(effective_max_context(opts, model.config())),
+      pool_(opts.cache_budget_bytes),
+      cache_(opts.page_tokens, format_id(model.config(), opts)),
+      blank_(model.new_state(opts.max_rollback, opts.page_tokens, nullptr)),
+      page_set_bytes_(blank_.bytes_needed(1)),
+      sampler_(model.config().vocab_size),
+      waiting_(Order{opts.priority_scheduling}) {}
+
+Scheduler::~Scheduler() {
+  // Seqs point into requests_; drop them before the pool and the cache go.
+  waiting_.clear();
+  running_.clear();
+  requests_.clear();
+}
+
+void Scheduler::add(uint64_t id, RequestParams params, std::shared_ptr<RequestSink> sink, uint64_t seed,
+                    Clock::time_point submitted) {
+  auto r = std::make_unique<Request>();
+  r->id = id;
+  r->params = std::move(params);
+  r->sink = sink ? std::move(sink) : std::make_shared<NullSink>();
+  r->seed = seed;
+  r->cache_root = cache_.root_key(r->params.cache_salt);
+  r->arrival = next_arrival_++;
+  r->submitted = submitted;
+  const int n = r->params.n;
+  r->unfinished = n;
+  r->stop_requested.assign(size_t(n), 0);
+  r->reasons.assign(size_t(n), FinishReason::Stop);
+  r->finished_choice.assign(size_t(n), 0);
+  auto s = std::make_unique<Seq>();
+  s->req = r.get();
+  s->choice = 0;
+  s->tokens.reserve(r->params.prompt.size() + size_t(r->params.max_tokens) + 1);
+  s->tokens = r->params.prompt;
+  s->stream_key = choice_stream_key(seed, 0);
+  waiting_.insert(s.get());
+  r->seqs.push_back(std::move(s));
+  ++unstarted_;
+  unstarted_tokens_ += int64_t(r->params.prompt.size());
+  requests_.emplace(id, std::move(r));
+}
+
+int Scheduler::waiting_requests() const { return unstarted_; }
+int64_t Scheduler::waiting_prompt_tokens() const { return unstarted_tokens_; }
+
+size_t Scheduler::available() const {
+  const size_t f = pool_.free_bytes();
+  return f > committed_ ? f - committed_ : 0;
+}
+
+bool Scheduler::ensure_room(size_t bytes) { return cache_.make_room(pool_, committed_ + bytes); }
+
+Seq* Scheduler::pick_victim(const Seq* except) {
+  Seq* v = nullptr;
+  const Order less{opts_.priority_scheduling};
+  for (Seq* s : running_)
+    if (s != except && !s->scheduled && (!v || less(v, s))) v = s;
+  return v;
+}
+
+void Scheduler::drop_state(Seq* s, bool cache_pages) {
+  if (!s->state) return;
+  if (cache_pages && opts_.prefix_cache) {
+    cache_.extend_keys(s->req->cache_root, s->tokens, size_t(s->state->pos() / opts_.page_tokens), s->keys);
+    cache_.insert(*s->state, s->keys);
+  }
+  cache_.release(s->held);
+  s->state.reset();
+}
+
+void Scheduler::preempt(Seq* s) {
+  drop_state(s, false);
+  std::erase(running_, s);
+  s->scheduled = false;
+  s->where = Seq::Where::Waiting;
+  waiting_.insert(s);
+  ++counters_.preemptions;
+}
+
+int64_t Scheduler::fit_chunk(const Seq& s, int64_t want, size_t reserve) {
+  auto largest = [&](size_t avail) -> int64_t {
+    auto fits = [&](int64_t c) { return s.state->bytes_needed(c) + reserve <= avail; };
+    if (fits(want)) return want;
+    if (!fits(0)) return 0;
+    int64_t lo = 0, hi = want;  // fits(lo), !fits(hi)
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
+  };
+  // Unreferenced prefix-cache pages count as free (evicted only as far as the chunk needs them).
+  int64_t c = largest(available() + cache_.reclaimable_bytes());
+  if (c > 0 && !ensure_room(s.state->bytes_needed(c) + reserve)) c = largest(available());
+  return c;
+}
+
+void Scheduler::schedule(Seq* s, int64_t n) {
+  const size_t i = items_.size();
+  if (logits_.size() <= i) logits_.resize(i + 1);
+  const int64_t pos = s->state->pos();
+  committed_ += s->state->bytes_needed(n);
+  items_.push_back({&*s->state, std::span<const int32_t>(s->tokens).subspan(size_t(pos), size_t(n)), false, &logits_[i]});
+  item_seqs_.push_back(s);
+  s->scheduled = true;
+}
+
+bool Scheduler::admit(Seq* s, int64_t& budget) {
+  Request* r = s->req;
+  const int64_t L = int64_t(s->tokens.size());
+  const int pt = opts_.page_tokens;
+  s->state.emplace(model_.new_state(opts_.max_rollback, pt, &pool_));
+  int64_t cached = 0;
+  if (opts_.prefix_cache) {
+    // At least one token must run to produce the next token's logits.
+    const size_t max_pages = size_t((L - 1) / pt);
+    cache_.extend_keys(r->cache_root, s->tokens, max_pages, s->keys);
+    const size_t m = cache_.acquire(std::span(s->keys).first(std::min(max_pages, s->keys.size())), s->held);
+    // A prefix no longer than the window replay costs more to rebuild than to recompute.
+    if (int64_t(m) * pt > model_.replay_tokens()) {
+      cached = int64_t(m) * pt;
+      s->state->adopt_prefix(cache_.pages(s->held), std::span(s->tokens).first(size_t(cached)));
+    } else {
+      cache_.release(s->held);
+    }
+  }
+  // Keep a page per running choice free, so that admitting does not force preemption right away.
+  const size_t reserve = page_set_bytes_ * running_.size();
+  const int64_t c = fit_chunk(*s, std::min(L - cached, budget), reserve);
+  if (c == 0) {
+    cache_.release(s->held);
+    s->state.reset();
+    return false;
+  }
+  if (opts_.prefix_cache) {
+    ++counters_.prefix_lookups;
+    counters_.prefix_lookup_tokens += L;
+    counters_.prefix_hit_tokens += cached;
+  }
+  waiting_.erase(s);
+  running_.push_back(s);
+  s->where = Seq::Where::Running;
+  if (!r->started) {
+    r->started = true;
+    r->cached_tokens = int(cached);
+    --unstarted_;
+    unstarted_tokens_ -= int64_t(r->params.prompt.size());
+    counters_.prompt_tokens += int64_t(r->params.prompt.size());
+    counters_.cached_prompt_tokens += cached;
+    const StartEvent ev{int(r->params.prompt.size()), int(cached)};
+    notify("on_start", r->id, [&] { r->sink->on_start(ev); });
+  }
+  if (cached > 0) model_.rebuild_windows(*s->state, ws_);
+  schedule(s, c);
+  budget -= c;
+  return true;
+}
+
+void Scheduler::expire_deadlines(Clock::time_point now) {
+  scratch_ids_.clear();
+  for (const auto& [id, r] : requests_)
+    if (r->params.deadline && now >= *r->params.deadline && r->unfinished > 0) scratch_ids_.push_back(id);
+  for (uint64_t id : scratch_ids_) finish_request(requests_.at(id).get(), FinishReason::Deadline, {});
+}
+
+bool Scheduler::step() {
+  expire_deadlines(Clock::now());
+  if (requests_.empty()) {
+    collect_done();
+    return false;
+  }
+  items_.clear();
+  item_seqs_.clear();
+  committed_ = 0;
+  int64_t budget = opts_.max_batch_tokens;
+  order_ = running_;
+  std::sort(order_.begin(), order_.end(), Order{opts_.priority_scheduling});
+
+  // 1. One token for every decoding choice; make room by evicting cached pages, then by preempting
+  //    the lowest-ranked choices (possibly this one).
+  for (Seq* s : order_) {
+    if (budget == 0) break;
+    if (s->where != Seq::Where::Running || s->remaining() != 1) continue;
+    bool room = true;
+    while (!ensure_room(s->state->bytes_needed(1))) {
+      Seq* v = pick_victim(s);
+      if (!v) { room = false; break; }
+      preempt(v);
+    }
+    if (!room) { preempt(s); continue; }
+    schedule(s, 1);
+    budget -= 1;
+  }
+  // 2. Chunks for prefills already under way.
+  for (Seq* s : order_) {
+    if (budget == 0) break;
+    if (s->where != Seq::Where::Running || s->scheduled || s->remaining() <= 1) continue;
+    const int64_t c = fit_chunk(*s, std::min(s->remaining(), budget), 0);
+    if (c == 0) continue;
+    schedule(s, c);
+    budget -= c;
+  }
+  // 3. Admissions, in queue order; the head waits rather than being overtaken.
+  while (budget > 0 && !waiting_.empty() && int(running_.size()) < opts_.max_running)
+    if (!admit(*waiting_.begin(), budget)) break;
+
+  if (items_.empty()) {
+    if (!running_.empty()) {
+      // Every running choice lacks pages for even one token: free the lowest-ranked one.
+      if (running_.size() == 1) {
+        finish(running_.front(), FinishReason::Error, -1, "does not fit in the KV cache budget");
+      } else {
+        preempt(pick_victim(nullptr));
+      }
+    } else if (!waiting_.empty()) {
+      // Nothing runs and the head still does not fit: it never will.
+      finish_request((*waiting_.begin())->req, FinishReason::Error, "does not fit in the KV cache budget");
+    }
+    collect_done();
+    return has_work();
+  }
+  run_batch();
+  collect_done();
+  return true;
+}
+
+void Scheduler::run_batch() {
+  try {
+    model_.forward_batch(items_, {}, ws_);
+  } catch (const v41::CacheExhausted& e) {
+    // Nothing ran (the model checks before touching state). Our estimate missed: back off by
+    // preempting the lowest-ranked choice of the batch, and plan again next step.
+    spdlog::warn("engine: {}; preempting to recover", e.what());
+    for (Seq* s : item_seqs_) s->scheduled = false;
+    Seq* v = *std::max_element(item_seqs_.begin(), item_seqs_.end(), Order{opts_.priority_scheduling});
+    preempt(v);
+    return;
+  } catch (const std::exception& e) {
+    for (Seq* s : item_seqs_) s->scheduled = false;
+    fail_batch(e.what());
+    return;
+  }
+  ++counters_.steps;
+  for (const auto& it : items_) counters_.step_tokens += int64_t(it.tokens.size());
+  for (size_t i = 0; i < item_seqs_.size(); ++i) {
+    Seq* s = item_seqs_[i];
+    s->scheduled = false;
+    if (s->where == Seq::Where::Running && s->remaining() == 0) after_forward(s, logits_[i]);
+  }
+}
+
+void Scheduler::fail_batch(const std::string& error) {
+  spdlog::error("engine: forward pass failed: {}", error);
+  for (Seq* s : item_seqs_)
+    if (s->req->unfinished > 0) finish_request(s->req, FinishReason::Error, error);
+}
+
+void Scheduler::after_forward(Seq* s, const std::vector<float>& logits) {
+  Request* r = s->req;
+  if (r->forked) {
+    sample_and_emit(s, logits.data());
+    return;
+  }
+  fork(s);
+  // Every choice samples its first token from the prompt's logits, each with its own stream.
+  for (size_t c = 0; c < r->seqs.size(); ++c) {
+    Seq* q = r->seqs[c].get();
+    if (r->stop_requested[c]) finish(q, FinishReason::Stop);
+    else sample_and_emit(q, logits.data());
+  }
+}
+
+void Scheduler::fork(Seq* leader) {
+  Request* r = leader->req;
+  r->forked = true;
+  if (opts_.prefix_cache) {
+    // The prompt's full pages become reusable now, not only when the request ends.
+    cache_.extend_keys(r->cache_root, leader->tokens, size_t(leader->state->pos() / opts_.page_tokens), leader->keys);
+    cache_.insert(*leader->state, leader->keys);
+  }
+  for (int c = 1; c < r->params.n; ++c) {
+    auto f = std::make_unique<Seq>();
+    f->req = r;
+    f->choice = c;
+    f->tokens.reserve(leader->tokens.capacity());
+    f->tokens = leader->tokens;
+    f->state.emplace(*leader->state);  // shares every page; a partial page is copied on first write
+    f->keys = leader->keys;
+    f->stream_key = choice_stream_key(r->seed, c);
+    f->where = Seq::Where::Running;
+    running_.push_back(f.get());
+    r->seqs.push_back(std::move(f));
+  }
+}
+
+void Scheduler::sample_and_emit(Seq* s, const float* logits) {
+  Request* r = s->req;
+  const RequestParams& p = r->params;
+  const bool want_logprobs = p.sampling.logprobs > 0;
+  SampleInput in;
+  in.params = &p.sampling;
+  in.prompt = p.prompt;
+  in.output = std::span<const int32_t>(s->tokens).subspan(p.prompt.size());
+  in.stream_key = s->stream_key;
+  in.step = s->generated();
+  in.top_logprobs = want_logprobs ? p.sampling.top_logprobs : 0;
+  const SampleResult res = sampler_.sample(logits, in, want_logprobs ? &s->event.top : nullptr);
+  const int32_t t = res.token;
+  ++counters_.generated_tokens;
+  ++r->completion_tokens;
+  const Clock::time_point now = Clock::now();
+  if (!r->any_token) {
+    r->any_token = true;
+    r->first_token = now;
+  }
+  const bool eos = !p.ignore_eos && t == int32_t(model_.config().eos_token_id);
+  if (eos || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end()) {
+    finish(s, FinishReason::Stop, t);
+    return;
+  }
+  s->tokens.push_back(t);
+  s->event.choice = s->choice;
+  s->event.token = t;
+  s->event.logprob = want_logprobs ? res.logprob : 0.0f;
+  notify("on_token", r->id, [&] { r->sink->on_token(s->event); });
+  if (s->generated() >= p.max_tokens || int64_t(s->tokens.size()) >= max_context_) finish(s, FinishReason::Length);
+}
+
+void Scheduler::finish(Seq* s, FinishReason reason, int32_t stop_token, std::string error) {
+  if (s->where == Seq::Where::Done) return;
+  Request* r = s->req;
+  drop_state(s, reason != FinishReason::Error);
+  if (s->where == Seq::Where::Waiting) waiting_.erase(s);
+  if (s->where == Seq::Where::Running) std::erase(running_, s);
+  s->where = Seq::Where::Done;
+  s->scheduled = false;
+  FinishEvent ev;
+  ev.reason = reason;
+  ev.error = std::move(error);
+  ev.stop_token = stop_token;
+  // Before the fork, choice 0 stands for all of them.
+  const int last = (s->choice == 0 && !r->forked) ? r->params.n - 1 : s->choice;
+  for (int c = s->choice; c <= last; ++c) {
+    if (r->finished_choice[size_t(c)]) continue;
+    r->finished_choice[size_t(c)] = 1;
+    r->reasons[size_t(c)] = reason;
+    --r->unfinished;
+    ev.choice = c;
+    notify("on_finish", r->id, [&] { r->sink->on_finish(ev); });
+  }
+  if (r->unfinished == 0) request_done(r);
+}
+
+void Scheduler::finish_request(Request* r, FinishReason reason, const std::string& error) {
+  for (size_t i = 0; i < r->seqs.size(); ++i) finish(r->seqs[i].get(), reason, -1, error);
+}
+
+void Scheduler::request_done(Request* r) {
+  r->finished = Clock::now();
+  if (!r->started) {
+    --unstarted_;
+    unstarted_tokens_ -= int64_t(r->params.prompt.size());
+  }
+  ++counters_.requests_finished;
+  const double total_s = std::chrono::duration<double>(r->finished - r->submitted).count();
+  const double ttft_s = r->any_token ? std::chrono::duration<double>(r->first_token - r->submitted).count() : total_s;
+  const double decode_s = r->any_token ? std::chrono::duration<double>(r->finished - r->first_token).count() : 0.0;
+  const double tps = decode_s > 0 ? double(r->completion_tokens - 1) / decode_s : 0.0;
+  std::string reasons;
+  for (size_t c = 0; c < r->reasons.size(); ++c) {
+    if (c > 0 && r->reasons[c] == r->reasons[0]) continue;
+    if (!reasons.empty()) reasons += ",";
+    reasons += finish_reason_name(r->reasons[c]);
+  }
+  spdlog::info("request {} n={} prompt={} cached={} completion={} ttft={:.3f}s total={:.3f}s decode={:.1f} tok/s finish={}",
+               r->id, r->params.n, r->params.prompt.size(), r->cached_tokens, r->completion_tokens, ttft_s, total_s, tps,
+               reasons);
+  done_.push_back(r);
+}
+
+void Scheduler::collect_done() {
+  for (Request* r : done_) requests_.erase(r->id);
+  done_.clear();
+}
+
+void Scheduler::cancel(uint64_t id, FinishReason reason) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  finish_request(it->second.get(), reason, {});
+  collect_done();
+}
+
+void Scheduler::stop_choice(uint64_t id, int choice) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request* r = it->second.get();
+  if (choice < 0 || choice >= r->params.n || r->finished_choice[size_t(choice)]) return;
+  if (!r->forked) {
+    r->stop_requested[size_t(choice)] = 1;  // choice 0 carries the others until the prompt is done
+  } else {
+    finish(r->seqs[size_t(choice)].get(), FinishReason::Stop);
+  }
+  collect_done();
+}
+
+void Scheduler::cancel_all(FinishReason reason) {
+  scratch_ids_.clear();
+  for (const auto& [id, r] : requests_) scratch_ids_.push_back(id);
+  for (uint64_t id : scratch_ids_) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) finish_request(it->second.get(), reason, {});
+  }
+  collect_done();
+}
+
+}  // namespace di::engine
