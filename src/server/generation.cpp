@@ -314,14 +314,9 @@ void Generation::on_token(const Event& ev) {
   if (c.done) return;
   if (is_chat() ? c.parser->done() : c.stop.matched()) {
     finish_choice(index, "stop", false);
-    // Every choice of this submission stopped on its own: the engine can drop it now.
-    Submission& s = subs_[size_t(ev.sub)];
-    bool all_done = true;
-    for (int k = 0; k < spec_.n; ++k) all_done = all_done && choices_[size_t(s.first_choice + k)].done;
-    if (all_done && !s.cancelled) {
-      s.cancelled = true;
-      ctx_->engine->cancel(s.engine_id);
-    }
+    // Stopped on a stop string (or the end of the tool calls): the engine drops this choice at its
+    // next step; the others go on.
+    ctx_->engine->stop_choice(subs_[size_t(ev.sub)].engine_id, ev.choice);
   }
 }
 

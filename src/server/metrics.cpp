@@ -132,6 +132,12 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
     line(out, "deepinfer_cache_bytes_used %zu\n", es->cache_bytes_used);
     header(out, "deepinfer_cache_bytes_budget", "gauge", "Bytes of the KV cache pool budget.");
     line(out, "deepinfer_cache_bytes_budget %zu\n", es->cache_bytes_budget);
+    header(out, "deepinfer_prefix_cache_bytes", "gauge", "Bytes of cache pages held by the prefix cache (part of cache_bytes_used).");
+    line(out, "deepinfer_prefix_cache_bytes %zu\n", es->prefix_cache_bytes);
+    header(out, "deepinfer_prefix_cache_entries", "gauge", "Pages the prefix cache holds.");
+    line(out, "deepinfer_prefix_cache_entries %" PRId64 "\n", es->prefix_cache_entries);
+    header(out, "deepinfer_prefix_cache_evictions_total", "counter", "Prefix-cache pages evicted (LRU).");
+    line(out, "deepinfer_prefix_cache_evictions_total %" PRId64 "\n", es->prefix_cache_evictions);
     header(out, "deepinfer_prefix_cache_lookups_total", "counter", "Prefix-cache lookups.");
     line(out, "deepinfer_prefix_cache_lookups_total %" PRId64 "\n", es->prefix_lookups);
     header(out, "deepinfer_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
