@@ -69,7 +69,7 @@ void Scheduler::add(uint64_t id, RequestParams params, std::shared_ptr<RequestSi
   r->id = id;
   r->params = std::move(params);
   r->sink = sink ? std::move(sink) : std::make_shared<NullSink>();
-  r->seed = seed;
+  r->seed = r->params.sampling.seed ? *r->params.sampling.seed : seed;
   r->cache_root = cache_.root_key(r->params.cache_salt);
   r->arrival = next_arrival_++;
   r->submitted = submitted;
@@ -83,7 +83,7 @@ void Scheduler::add(uint64_t id, RequestParams params, std::shared_ptr<RequestSi
   s->choice = 0;
   s->tokens.reserve(r->params.prompt.size() + size_t(r->params.max_tokens) + 1);
   s->tokens = r->params.prompt;
-  s->stream_key = choice_stream_key(seed, 0);
+  s->stream_key = choice_stream_key(r->seed, 0);
   waiting_.insert(s.get());
   r->seqs.push_back(std::move(s));
   ++unstarted_;
@@ -151,7 +151,8 @@ void Scheduler::schedule(Seq* s, int64_t n) {
   if (logits_.size() <= i) logits_.resize(i + 1);
   const int64_t pos = s->state->pos();
   committed_ += s->state->bytes_needed(n);
-  items_.push_back({&*s->state, std::span<const int32_t>(s->tokens).subspan(size_t(pos), size_t(n)), false, &logits_[i]});
+  // The logits pointer is set in run_batch: logits_ may still grow (and move) in this step.
+  items_.push_back({&*s->state, std::span<const int32_t>(s->tokens).subspan(size_t(pos), size_t(n)), false, nullptr});
   item_seqs_.push_back(s);
   s->scheduled = true;
 }
@@ -276,6 +277,7 @@ bool Scheduler::step() {
 }
 
 void Scheduler::run_batch() {
+  for (size_t i = 0; i < items_.size(); ++i) items_[i].logits = &logits_[i];
   try {
     model_.forward_batch(items_, {}, ws_);
   } catch (const v41::CacheExhausted& e) {

@@ -40,7 +40,7 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a validated request (see validate_request).
+  // Queues a validated request (see validate_request). `seed` is used when the request has none.
   void add(uint64_t id, RequestParams params, std::shared_ptr<RequestSink> sink, uint64_t seed,
            Clock::time_point submitted = Clock::now());
   // Finishes the request's unfinished choices with `reason` and frees their pages now.
