@@ -16,10 +16,10 @@ TEST(ServerLoad, SixtyFourStreamingClients) {
   ServerProcess srv({model, "--port", "0", "--served-model-name", "tiny-load", "--max-running", "64", "--cache-mib", "256"});
   ASSERT_TRUE(srv.wait_healthy(120)) << srv.log();
   const std::string load = "node " + std::string(DI_SOURCE_DIR) + "/bench/serve_load.mjs --url " + srv.url() +
-                           " --concurrency 64 --max-tokens 24 --prompt-words 24 --endpoint ";
+                           " --concurrency 64 --max-tokens 8 --prompt-words 24 --endpoint ";
 
   std::string out;
-  ASSERT_EQ(run_command(load + "chat --duration 4", out), 0) << out << srv.log();  // warm-up: allocator pools, caches
+  ASSERT_EQ(run_command(load + "chat --requests 64", out), 0) << out << srv.log();  // warm-up: allocator pools, caches
   const long rss_warm = srv.rss_kb();
   const double prefix_warm = parse_metrics(fetch(srv.port(), "GET", "/metrics").body)["deepinfer_prefix_cache_bytes"];
 
