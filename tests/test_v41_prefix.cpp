@@ -14,14 +14,7 @@ using namespace di::v41;
 
 namespace {
 
-Model& model() {
-  static std::unique_ptr<Model> m = [] {
-    LoadOptions o;
-    o.tokenizer_path = test::v3_tokenizer_json();
-    return Model::load(test::golden_model_dir(), o);
-  }();
-  return *m;
-}
+Model& model() { return test::golden_model(); }
 
 // 208 tokens: the golden prompts back to back (natural text, code, chat markup).
 std::vector<int32_t> sequence() {

@@ -10,7 +10,9 @@
 
 #include "cli/commands.h"
 #include "cli/default_model.h"
+#include "core/thread_pool.h"
 #include "engine/sampler.h"
+#include "kernels/cpu/kernels.h"
 #include "io/safetensors.h"
 #include "model/v41/model.h"
 #include "tokenizer/tokenizer.h"
@@ -21,6 +23,7 @@ namespace {
 struct GenerateArgs {
   std::string model_dir, tokenizer, prompt, prompt_ids, dump_logits;
   int max_tokens = 32;
+  int threads = 0;
   float temperature = 0.f;
   uint64_t seed = 0;
   bool json = false, reference_quirk = false, ignore_eos = false, no_bos = false;
@@ -52,6 +55,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 void run(const GenerateArgs& a) {
   namespace fs = std::filesystem;
   const std::string dir = a.model_dir.empty() ? ensure_default_model(!a.json) : a.model_dir;
+  ThreadPool pool(a.threads > 0 ? a.threads : ThreadPool::default_threads());
+  kern::set_default_pool(&pool);
+  struct ResetPool { ~ResetPool() { kern::set_default_pool(nullptr); } } reset_pool;
   v41::LoadOptions lo;
   lo.tokenizer_path = a.tokenizer;
   lo.index_key_policy = a.reference_quirk ? v41::IndexKeyPolicy::Reference : v41::IndexKeyPolicy::PerSource;
@@ -152,6 +158,7 @@ void add_generate(CLI::App& app) {
   c->add_flag("--reference-quirk", args->reference_quirk,
               "Reproduce the official code's stale index-key slot (for comparison with its outputs)");
   c->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after EOS");
+  c->add_option("--threads", args->threads, "Kernel threads (default: all cores)");
   c->add_flag("--no-bos", args->no_bos, "Do not prepend BOS to --prompt");
   c->callback([args] { run(*args); });
 }

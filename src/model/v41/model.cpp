@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "core/dtypes.h"
+#include "core/thread_pool.h"
 #include "kernels/cpu/kernels.h"
 #include "model/v41/tensor_specs.h"
 
@@ -62,6 +63,18 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
       for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * X[size_t(i) * dim + d];
       Y[size_t(j) * dim + d] = round_bf16(post[j] * f[d] + acc);
     }
+}
+
+// Runs fn(begin, end) over [0, n) on the kernels' pool (inline without one). Used for per-query
+// work (attention, index scoring) whose results do not depend on the split.
+template <class F>
+void for_rows(int64_t n, F&& fn) {
+  ThreadPool* pool = kern::default_pool();
+  if (!pool || pool->size() == 1 || n < 4) {
+    fn(int64_t(0), n);
+    return;
+  }
+  pool->parallel_for(n, 1, [&](int64_t b, int64_t e, int) { fn(b, e); });
 }
 
 template <class T>
@@ -257,23 +270,25 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
     }
   }
   float* score = sized(ws.scores, size_t(g.S) * width);
-  for (int s = 0; s < g.S; ++s) {
-    const int64_t visible = (g.start + s + 1) / r;
-    for (int64_t u = 0; u < width; ++u) {
-      float& out = score[size_t(s) * width + u];
-      if (u >= visible || u >= keys.size()) { out = -INFINITY; continue; }
-      const float* k = keys.row(u);
-      float acc = 0.f;
-      for (int h = 0; h < IH; ++h) {
-        const float* qh = iq + (size_t(s) * IH + h) * ID;
-        double dot = 0;
-        for (int d = 0; d < ID; ++d) dot += double(qh[d]) * k[d];
-        const float v = std::max(round_bf16(float(dot)), 0.f);
-        acc += round_bf16(v * iw[s * IH + h]);
+  for_rows(g.S, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t visible = (g.start + s + 1) / r;
+      for (int64_t u = 0; u < width; ++u) {
+        float& out = score[size_t(s) * width + u];
+        if (u >= visible || u >= keys.size()) { out = -INFINITY; continue; }
+        const float* k = keys.row(u);
+        float acc = 0.f;
+        for (int h = 0; h < IH; ++h) {
+          const float* qh = iq + (size_t(s) * IH + h) * ID;
+          double dot = 0;
+          for (int d = 0; d < ID; ++d) dot += double(qh[d]) * k[d];
+          const float v = std::max(round_bf16(float(dot)), 0.f);
+          acc += round_bf16(v * iw[s * IH + h]);
+        }
+        out = round_bf16(acc);
       }
-      out = round_bf16(acc);
     }
-  }
+  });
   // Candidate pre-filter: the source keeps its best blocks (plus the newest one) per query; later
   // index sources mask everything outside them.
   const int cand = cfg_.candidate_source_layer;
@@ -374,25 +389,29 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
     const int cap = g.st->window_cap();
     const RowCache* ckv = (ratio && g.kv_source >= 0) ? &g.st->layers()[size_t(g.kv_source)].compressed_kv : nullptr;
     const int k = ratio ? g.topk_k : 0;
-    std::vector<const float*>& rows = ws.rows;
-    rows.resize(size_t(W + k));
-    for (int s = 0; s < g.S; ++s) {
-      const int64_t t = g.start + s;
-      // Canonical list for position t: window positions ascending, padded to `window` with -1,
-      // then the selected compressed entries. It depends on t only, so chunking cannot change it.
-      int n = 0;
-      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
-        rows[size_t(n++)] = p >= g.start ? gkv + size_t(p - g.start) * D : Ls.window.data() + size_t(p % cap) * D;
-      while (n < W) rows[size_t(n++)] = nullptr;
-      for (int j = 0; j < k; ++j) {
-        const int32_t e = ws.topk[g.topk_off + size_t(s) * k + size_t(j)];
-        rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
+    const int32_t* topk = ws.topk.data() + g.topk_off;
+    for_rows(g.S, [&](int64_t s0, int64_t s1) {
+      thread_local std::vector<const float*> rows;
+      rows.resize(size_t(W + k));
+      float cs_local[256];
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t t = g.start + s;
+        // Canonical list for position t: window positions ascending, padded to `window` with -1,
+        // then the selected compressed entries. It depends on t only, so chunking cannot change it.
+        int n = 0;
+        for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
+          rows[size_t(n++)] = p >= g.start ? gkv + size_t(p - g.start) * D : Ls.window.data() + size_t(p % cap) * D;
+        while (n < W) rows[size_t(n++)] = nullptr;
+        for (int j = 0; j < k; ++j) {
+          const int32_t e = topk[size_t(s) * k + size_t(j)];
+          rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
+        }
+        float* os = o + size_t(g.row0 + s) * H * D;
+        kern::sparse_attention(q + size_t(g.row0 + s) * H * D, H, D, rows.data(), n, A.attn_sink.p, scale, os);
+        rope_table(layer, t, cs_local);
+        for (int h = 0; h < H; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs_local, true);
       }
-      float* os = o + size_t(g.row0 + s) * H * D;
-      kern::sparse_attention(q + size_t(g.row0 + s) * H * D, H, D, rows.data(), n, A.attn_sink.p, scale, os);
-      rope_table(layer, t, cs);
-      for (int h = 0; h < H; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
-    }
+    });
     for (int64_t p = std::max<int64_t>(g.start, g.start + g.S - cap); p < g.start + g.S; ++p)
       std::copy(gkv + size_t(p - g.start) * D, gkv + size_t(p - g.start + 1) * D, Ls.window.data() + size_t(p % cap) * D);
   }

@@ -89,7 +89,6 @@ struct Workspace {
   std::vector<int32_t> comp_tokens, history, hash_ids, topk, expert_ids, order, top_blocks, slots;
   std::vector<float> expert_w, iq, iw, scores, block_scores, moe_gate, moe_up, moe_out, moe_acc;
   std::vector<uint8_t> candidate_mask;
-  std::vector<const float*> rows;
   std::vector<int> out_rows;
   size_t topk_used = 0, candidate_mask_used = 0;  // per-step bump allocation in topk / candidate_mask
   std::vector<detail::Segment> segments;
