@@ -193,6 +193,32 @@ check('tool calls (forced output), non-streaming and streaming', async () => {
   assert.equal(t.choices[0].message.content, '4');
 });
 
+check('JSON mode (forced output) and streamed n > 1', async () => {
+  const j = await client.chat.completions.create({
+    model, messages: msgs('Give JSON'), response_format: { type: 'json_object' }, test_forced_output: 'Sure:\n```json\n{"a": [1, 2]}\n```\nDone.',
+  });
+  assert.deepEqual(JSON.parse(j.choices[0].message.content), { a: [1, 2] });
+  const s = await client.chat.completions.create({
+    model, messages: msgs('Count'), max_tokens: 6, temperature: 1, top_k: 40, seed: 3, n: 2, ignore_eos: true, stream: true,
+    stream_options: { include_usage: true },
+  });
+  const text = ['', ''], finish = [null, null];
+  let usage = null;
+  for await (const chunk of s) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      if (c.delta.content) text[c.index] += c.delta.content;
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+    }
+  }
+  assert.deepEqual(finish, ['length', 'length']);
+  assert.equal(usage.completion_tokens, 12);
+  const whole = await client.chat.completions.create({
+    model, messages: msgs('Count'), max_tokens: 6, temperature: 1, top_k: 40, seed: 3, n: 2, ignore_eos: true,
+  });
+  assert.deepEqual(whole.choices.map((c) => c.message.content), text, 'streamed n=2 differs from non-streamed with the same seed');
+});
+
 check('errors surface as OpenAI errors', async () => {
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: msgs('x') }), (e) => e.status === 404);
   await assert.rejects(client.chat.completions.create({ model, messages: msgs('x'), temperature: 9 }),
