@@ -413,6 +413,12 @@ TEST(ServerHttp, CompletionsEchoLogprobsAndBatchPrompts) {
   ASSERT_EQ(bj["choices"].size(), 4u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(bj["choices"][i]["index"], i);
   EXPECT_EQ(ts.engine->submitted().size(), 4u);  // 1 + 1 + 2 submissions
+
+  // Forced output ends as if by EOS.
+  auto f = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"x","test_forced_output":"forced text"})");
+  ASSERT_EQ(f.status, 200) << f.body;
+  EXPECT_EQ(json::parse(f.body)["choices"][0]["text"], "forced text");
+  EXPECT_EQ(json::parse(f.body)["choices"][0]["finish_reason"], "stop");
 }
 
 TEST(ServerHttp, ToolCallsThroughForcedOutput) {

@@ -431,7 +431,10 @@ void Generation::on_finish(const Event& ev) {
       switch (ev.reason) {
         case R::Stop: finish_choice(index, "stop", false); break;
         // Forced output ends by length by construction: report it as a natural end.
-        case R::Length: finish_choice(index, "length", spec_.forced_output.empty()); break;
+        case R::Length:
+          if (spec_.forced_output.empty()) finish_choice(index, "length", true);
+          else finish_choice(index, "stop", false);
+          break;
         case R::Deadline: finish_choice(index, "length", true); break;
         case R::Cancelled:
           c.done = true;
