@@ -1,0 +1,178 @@
+// `deepinfer serve MODEL_DIR`: the OpenAI-compatible HTTP server (docs/serving.md).
+#include <CLI/CLI.hpp>
+
+#include <sys/resource.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "cli/default_model.h"
+#include "engine/engine.h"
+#include "model/v41/model.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace di::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model_dir, tokenizer, chat_format = "deepseek-v4.1", log_level = "info";
+  server::ServerOptions server;
+  engine::EngineOptions engine;
+  double cache_mib = 1024;
+};
+
+void raise_fd_limit() {
+  // Each connection is a descriptor; the default soft limit (often 1024) is too low for many streams.
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+server::LoadedModel load_model(const ServeArgs& a, const std::string& dir) {
+  namespace fs = std::filesystem;
+  uint64_t bytes = 0;
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") {
+      bytes += e.file_size();
+      ++files;
+    }
+  }
+  spdlog::info("loading model {} ({} safetensors files, {:.2f} GB)", dir, files, double(bytes) / 1e9);
+  // Model::load reports no progress of its own: log the elapsed time while it runs.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool loaded = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread heartbeat([&] {
+    std::unique_lock lk(mu);
+    while (!cv.wait_for(lk, std::chrono::seconds(2), [&] { return loaded; }))
+      spdlog::info("loading model: {:.0f} s elapsed", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  });
+  std::unique_ptr<v41::Model> model;
+  try {
+    v41::LoadOptions lo;
+    lo.tokenizer_path = a.tokenizer;
+    model = v41::Model::load(dir, lo);
+  } catch (...) {
+    {
+      std::lock_guard lk(mu);
+      loaded = true;
+    }
+    cv.notify_all();
+    heartbeat.join();
+    throw;
+  }
+  {
+    std::lock_guard lk(mu);
+    loaded = true;
+  }
+  cv.notify_all();
+  heartbeat.join();
+  spdlog::info("model loaded in {:.1f} s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+  const std::string tok_path = a.tokenizer.empty() ? (fs::path(dir) / "tokenizer.json").string() : a.tokenizer;
+  server::LoadedModel lm;
+  lm.model.tokenizer = Tokenizer::from_file(tok_path);
+  const auto& cfg = model->config();
+  lm.model.vocab_size = int32_t(cfg.vocab_size);
+  lm.model.bos_id = int32_t(cfg.bos_token_id);
+  lm.model.eos_id = int32_t(cfg.eos_token_id);
+  lm.model.max_context = a.engine.max_context > 0 ? a.engine.max_context : int64_t(cfg.max_position_embeddings);
+  engine::EngineOptions eo = a.engine;
+  eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
+  lm.engine = engine::Engine::create(std::shared_ptr<const v41::Model>(std::move(model)), eo);
+  spdlog::info("engine started: cache {:.0f} MiB, {}-token pages, batch {} tokens, {} running, queue {}", a.cache_mib,
+               eo.page_tokens, eo.max_batch_tokens, eo.max_running, eo.max_waiting);
+  return lm;
+}
+
+void run(ServeArgs& a) {
+  spdlog::set_level(spdlog::level::from_str(a.log_level));
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  const std::string dir = a.model_dir.empty() ? ensure_default_model(true) : a.model_dir;
+  if (!std::filesystem::is_directory(dir)) throw std::runtime_error(dir + ": not a directory");
+  if (a.server.served_model_name.empty()) {
+    auto p = std::filesystem::path(dir).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();
+    a.server.served_model_name = p.filename().string();
+  }
+  a.server.chat_format = chat::parse_chat_format(a.chat_format);
+  if (a.server.api_key.empty())
+    if (const char* k = std::getenv("DEEPINFER_API_KEY")) a.server.api_key = k;
+  raise_fd_limit();
+
+  // Signals go to the waiting main thread only: block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  server::Server srv(a.server, [&a, dir] { return load_model(a, dir); });
+  srv.start();
+  timespec tick{0, 200 * 1000 * 1000};
+  for (;;) {
+    const int sig = sigtimedwait(&sigs, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      spdlog::info("signal {}: shutting down", sig);
+      break;
+    }
+    if (srv.failed()) {
+      srv.stop();
+      throw std::runtime_error("model loading failed: " + srv.load_error());
+    }
+  }
+  srv.stop();
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, health, metrics)");
+  c->add_option("model_dir", a->model_dir, "Model directory (default: the built-in tiny model)");
+  c->add_option("--host", a->server.http.host, "Address to bind")->capture_default_str();
+  c->add_option("--port", a->server.http.port, "Port (0 = any free port)")->capture_default_str();
+  c->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or $DEEPINFER_API_KEY)");
+  c->add_option("--max-body-bytes", a->server.http.max_body_bytes, "Largest request body (413 beyond)")->capture_default_str();
+  c->add_option("--io-threads", a->server.http.io_threads, "HTTP io threads")->capture_default_str();
+  c->add_option("--idle-timeout", a->server.http.idle_timeout_s, "Seconds a keep-alive connection may wait for its next request")
+      ->capture_default_str();
+  c->add_option("--served-model-name", a->server.served_model_name, "Model id clients use (default: the directory name)");
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: MODEL_DIR/tokenizer.json)");
+  c->add_option("--chat-format", a->chat_format, "deepseek-v4.1, deepseek-v4, deepseek-v3, deepseek-v3.1, deepseek-r1")
+      ->capture_default_str();
+  c->add_flag("--thinking", a->server.default_thinking, "Thinking mode when a request does not say");
+  c->add_option("--default-max-tokens", a->server.default_max_tokens, "Chat max_tokens when the request gives none")
+      ->capture_default_str();
+  c->add_option("--max-n", a->server.max_n, "Largest n (choices per request)")->capture_default_str();
+  c->add_option("--sse-keepalive", a->server.sse_keepalive_s, "Seconds without output before a ': keep-alive' SSE comment (0 = off)")
+      ->capture_default_str();
+  c->add_flag("--enable-test-hooks", a->server.test_hooks, "Accept the 'test_forced_output' request field (tests only)");
+  c->add_option("--cache-mib", a->cache_mib, "KV cache pool budget in MiB (incl. the prefix cache)")->capture_default_str();
+  c->add_option("--page-tokens", a->engine.page_tokens, "Tokens per cache page")->capture_default_str();
+  c->add_option("--max-batch-tokens", a->engine.max_batch_tokens, "Token budget per engine step")->capture_default_str();
+  c->add_option("--max-running", a->engine.max_running, "Sequences decoding at once")->capture_default_str();
+  c->add_option("--max-waiting", a->engine.max_waiting, "Waiting queue length (429 beyond)")->capture_default_str();
+  c->add_option("--max-context", a->engine.max_context, "Prompt + completion limit (0 = the model's)")->capture_default_str();
+  c->add_flag("!--no-prefix-cache", a->engine.prefix_cache, "Disable the prefix cache");
+  c->add_flag("--priority-scheduling", a->engine.priority_scheduling, "Schedule by request 'priority' instead of FCFS");
+  c->add_option("--threads", a->engine.threads, "Kernel threads (0 = all cores)")->capture_default_str();
+  c->add_option("--log-level", a->log_level, "trace, debug, info, warn, error")->capture_default_str();
+  c->callback([a] { run(*a); });
+}
+
+}  // namespace di::cli

@@ -1,0 +1,158 @@
+#include "server/metrics.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+namespace di::server {
+namespace {
+
+void line(std::string& out, const char* fmt, auto... args) {
+  char buf[512];
+  const int n = std::snprintf(buf, sizeof buf, fmt, args...);
+  out.append(buf, size_t(n < 0 ? 0 : std::min<int>(n, sizeof buf - 1)));
+}
+
+void header(std::string& out, const char* name, const char* type, const char* help) {
+  line(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  std::lock_guard lk(mu_);
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++n_;
+}
+
+uint64_t Histogram::count() const {
+  std::lock_guard lk(mu_);
+  return n_;
+}
+
+void Histogram::render(const std::string& name, std::string& out) const {
+  std::lock_guard lk(mu_);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    line(out, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name.c_str(), bounds_[i], cum);
+  }
+  cum += counts_.back();
+  line(out, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name.c_str(), cum);
+  line(out, "%s_sum %.9g\n", name.c_str(), sum_);
+  line(out, "%s_count %" PRIu64 "\n", name.c_str(), n_);
+}
+
+Metrics::Metrics()
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
+      tpot_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}),
+      e2e_({0.01, 0.05, 0.1, 0.3, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600}) {}
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard lk(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::count_finish(const std::string& reason) {
+  std::lock_guard lk(mu_);
+  ++finishes_[reason];
+}
+
+void Metrics::add_tokens(int64_t prompt, int64_t cached, int64_t generated) {
+  std::lock_guard lk(mu_);
+  prompt_tokens_ += prompt;
+  cached_tokens_ += cached;
+  generated_tokens_ += generated;
+}
+
+void Metrics::add_gauge(int64_t& g, int64_t d) {
+  std::lock_guard lk(mu_);
+  g += d;
+}
+
+std::string Metrics::render(const std::optional<engine::EngineStats>& es, int open_connections, bool ready) const {
+  std::string out;
+  out.reserve(8192);
+  {
+    std::lock_guard lk(mu_);
+    header(out, "deepinfer_http_requests_total", "counter", "HTTP requests by endpoint and status code.");
+    for (const auto& [key, n] : requests_)
+      line(out, "deepinfer_http_requests_total{endpoint=\"%s\",status=\"%d\"} %" PRId64 "\n", key.first.c_str(), key.second, n);
+    header(out, "deepinfer_request_finished_total", "counter",
+           "Generation requests by finish reason (per choice: stop, length, tool_calls, cancelled, error).");
+    for (const char* r : {"stop", "length", "tool_calls", "cancelled", "error"}) {
+      auto it = finishes_.find(r);
+      line(out, "deepinfer_request_finished_total{finish_reason=\"%s\"} %" PRId64 "\n", r, it == finishes_.end() ? 0 : it->second);
+    }
+    header(out, "deepinfer_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+    line(out, "deepinfer_prompt_tokens_total %" PRId64 "\n", prompt_tokens_);
+    header(out, "deepinfer_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache.");
+    line(out, "deepinfer_cached_prompt_tokens_total %" PRId64 "\n", cached_tokens_);
+    header(out, "deepinfer_generation_tokens_total", "counter", "Generated tokens of finished requests.");
+    line(out, "deepinfer_generation_tokens_total %" PRId64 "\n", generated_tokens_);
+    header(out, "deepinfer_open_streams", "gauge", "SSE responses in progress.");
+    line(out, "deepinfer_open_streams %" PRId64 "\n", streams_);
+  }
+  header(out, "deepinfer_http_connections", "gauge", "Open HTTP connections.");
+  line(out, "deepinfer_http_connections %d\n", open_connections);
+  header(out, "deepinfer_model_ready", "gauge", "1 once the model is loaded and the engine runs.");
+  line(out, "deepinfer_model_ready %d\n", ready ? 1 : 0);
+
+  header(out, "deepinfer_time_to_first_token_seconds", "histogram", "Time from request arrival to the first generated token.");
+  ttft_.render("deepinfer_time_to_first_token_seconds", out);
+  header(out, "deepinfer_time_per_output_token_seconds", "histogram", "Mean time per output token after the first, per request.");
+  tpot_.render("deepinfer_time_per_output_token_seconds", out);
+  header(out, "deepinfer_e2e_request_latency_seconds", "histogram", "Time from request arrival to the last byte of the reply.");
+  e2e_.render("deepinfer_e2e_request_latency_seconds", out);
+
+  if (es) {
+    header(out, "deepinfer_num_requests_waiting", "gauge", "Requests in the engine's waiting queue.");
+    line(out, "deepinfer_num_requests_waiting %d\n", es->waiting);
+    header(out, "deepinfer_num_requests_running", "gauge", "Sequences the engine is running.");
+    line(out, "deepinfer_num_requests_running %d\n", es->running);
+    header(out, "deepinfer_engine_requests_submitted_total", "counter", "Requests accepted by the engine.");
+    line(out, "deepinfer_engine_requests_submitted_total %" PRId64 "\n", es->requests_submitted);
+    header(out, "deepinfer_engine_requests_finished_total", "counter", "Requests the engine finished (any reason).");
+    line(out, "deepinfer_engine_requests_finished_total %" PRId64 "\n", es->requests_finished);
+    header(out, "deepinfer_engine_requests_rejected_total", "counter", "Submissions the engine rejected (queue full, too long).");
+    line(out, "deepinfer_engine_requests_rejected_total %" PRId64 "\n", es->requests_rejected);
+    header(out, "deepinfer_engine_prompt_tokens_total", "counter", "Prompt tokens the engine accepted.");
+    line(out, "deepinfer_engine_prompt_tokens_total %" PRId64 "\n", es->prompt_tokens);
+    header(out, "deepinfer_engine_cached_prompt_tokens_total", "counter", "Prompt tokens the engine took from the prefix cache.");
+    line(out, "deepinfer_engine_cached_prompt_tokens_total %" PRId64 "\n", es->cached_prompt_tokens);
+    header(out, "deepinfer_engine_generation_tokens_total", "counter", "Tokens the engine generated.");
+    line(out, "deepinfer_engine_generation_tokens_total %" PRId64 "\n", es->generated_tokens);
+    header(out, "deepinfer_cache_pages_used", "gauge", "KV cache pages in use (running sequences and the prefix cache).");
+    line(out, "deepinfer_cache_pages_used %" PRId64 "\n", es->cache_pages_used);
+    header(out, "deepinfer_cache_bytes_used", "gauge", "Bytes of the KV cache pool in use.");
+    line(out, "deepinfer_cache_bytes_used %zu\n", es->cache_bytes_used);
+    header(out, "deepinfer_cache_bytes_budget", "gauge", "Bytes of the KV cache pool budget.");
+    line(out, "deepinfer_cache_bytes_budget %zu\n", es->cache_bytes_budget);
+    header(out, "deepinfer_prefix_cache_bytes", "gauge", "Bytes of cache pages held by the prefix cache (part of cache_bytes_used).");
+    line(out, "deepinfer_prefix_cache_bytes %zu\n", es->prefix_cache_bytes);
+    header(out, "deepinfer_prefix_cache_entries", "gauge", "Pages the prefix cache holds.");
+    line(out, "deepinfer_prefix_cache_entries %" PRId64 "\n", es->prefix_cache_entries);
+    header(out, "deepinfer_prefix_cache_evictions_total", "counter", "Prefix-cache pages evicted (LRU).");
+    line(out, "deepinfer_prefix_cache_evictions_total %" PRId64 "\n", es->prefix_cache_evictions);
+    header(out, "deepinfer_prefix_cache_lookups_total", "counter", "Prefix-cache lookups.");
+    line(out, "deepinfer_prefix_cache_lookups_total %" PRId64 "\n", es->prefix_lookups);
+    header(out, "deepinfer_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
+    line(out, "deepinfer_prefix_cache_queried_tokens_total %" PRId64 "\n", es->prefix_lookup_tokens);
+    header(out, "deepinfer_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache.");
+    line(out, "deepinfer_prefix_cache_hit_tokens_total %" PRId64 "\n", es->prefix_hit_tokens);
+    header(out, "deepinfer_prefix_cache_hit_rate", "gauge", "hit tokens / queried tokens since start (0 before any lookup).");
+    line(out, "deepinfer_prefix_cache_hit_rate %.6f\n",
+         es->prefix_lookup_tokens > 0 ? double(es->prefix_hit_tokens) / double(es->prefix_lookup_tokens) : 0.0);
+    header(out, "deepinfer_preemptions_total", "counter", "Sequences preempted (recomputed) for lack of cache pages.");
+    line(out, "deepinfer_preemptions_total %" PRId64 "\n", es->preemptions);
+    header(out, "deepinfer_engine_steps_total", "counter", "Engine steps run.");
+    line(out, "deepinfer_engine_steps_total %" PRId64 "\n", es->steps);
+  }
+  return out;
+}
+
+}  // namespace di::server

@@ -1,0 +1,81 @@
+// OpenAI HTTP API request validation: JSON body -> what to submit to the engine, or an OpenAI error
+// object with its HTTP status and the offending field. Independent of the transport.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/stream_parser.h"
+#include "tokenizer/tokenizer.h"
+
+namespace di::server {
+
+// {"error": {"message", "type", "param", "code"}} plus the HTTP status and extra headers.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" -> null
+  std::string code;   // "" -> null
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+ApiError invalid_param(const std::string& param, const std::string& message, const std::string& code = "invalid_value");
+std::string error_body(const ApiError& e);
+
+enum class Endpoint { ChatCompletions, Completions };
+
+// What the server knows about the loaded model.
+struct ModelContext {
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::string served_name;
+  int32_t vocab_size = 0;
+  int32_t bos_id = 0, eos_id = 1;
+  int64_t max_context = 0;  // prompt + completion
+  chat::ChatFormat chat_format = chat::ChatFormat::DeepSeekV41;
+  bool default_thinking = false;
+  int default_max_tokens = 1024;  // chat, when the request gives none (clamped to the context)
+  int max_n = 16;
+  bool test_hooks = false;  // accept `test_forced_output`
+};
+
+struct GenerationSpec {
+  Endpoint endpoint = Endpoint::ChatCompletions;
+  std::vector<std::vector<int32_t>> prompts;  // one engine submission each (completions may batch prompts)
+  std::vector<std::string> prompt_texts;      // completions, for echo
+  engine::SamplingParams sampling;
+  int max_tokens = 16;
+  int n = 1;
+  bool stream = false, include_usage = false;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;                // completions (chat: inside `parser`)
+  std::optional<stream::ParserOptions> parser;  // chat
+  bool echo = false;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  int priority = 0;
+  std::vector<int32_t> forced_output;  // test hook: the tokens every choice emits
+};
+
+using ParseResult = std::variant<GenerationSpec, ApiError>;
+
+// Body bytes -> spec. Checks UTF-8, JSON syntax, every field's type and range, the model name (404)
+// and the context length.
+ParseResult parse_chat_completion(std::string_view body, const ModelContext& ctx);
+ParseResult parse_completion(std::string_view body, const ModelContext& ctx);
+
+// The token's text for logprobs (invalid UTF-8 bytes as U+FFFD) and its raw bytes.
+std::string token_text(const Tokenizer& tok, int32_t id);
+
+}  // namespace di::server

@@ -1,0 +1,71 @@
+// The OpenAI-compatible server: routes, authentication, model loading in the background, metrics.
+// `deepinfer serve` wires it to a loaded model; tests may hand it any engine::Engine.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "engine/engine.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+
+namespace di::server {
+
+struct ServerOptions {
+  HttpOptions http;
+  std::string api_key;             // "" = no authentication
+  std::string served_model_name;   // the `model` clients must name
+  chat::ChatFormat chat_format = chat::ChatFormat::DeepSeekV41;
+  bool default_thinking = false;
+  int default_max_tokens = 1024;
+  int max_n = 16;
+  double sse_keepalive_s = 15;     // ": keep-alive" comment after this long without output; 0 = off
+  bool test_hooks = false;         // accept the `test_forced_output` request field
+};
+
+// What the loader produces. model.served_name / chat_format / limits are filled from ServerOptions.
+struct LoadedModel {
+  std::shared_ptr<engine::Engine> engine;
+  ModelContext model;
+};
+using ModelLoader = std::function<LoadedModel()>;
+
+class Server {
+ public:
+  Server(ServerOptions options, ModelLoader loader);
+  ~Server();
+  // Starts listening, then loads the model on a background thread (/health answers 503 meanwhile).
+  void start();
+  uint16_t port() const { return http_->port(); }
+  bool ready() const { return state_.load() == State::Ready; }
+  bool failed() const { return state_.load() == State::Failed; }
+  std::string load_error() const;
+  // Shuts the engine down (running requests end as cancelled), then closes connections.
+  void stop();
+
+  void handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex);
+
+ private:
+  enum class State { Loading, Ready, Failed, Stopped };
+  void respond_error(HttpExchange& ex, const std::string& endpoint, const ApiError& e);
+
+  ServerOptions opt_;
+  ModelLoader loader_;
+  std::unique_ptr<HttpServer> http_;
+  Metrics metrics_;
+  std::atomic<State> state_{State::Loading};
+  mutable std::mutex mu_;
+  std::shared_ptr<const struct ServingContext> serving_;  // set once loaded
+  std::string load_error_;
+  std::thread loader_thread_;
+};
+
+// Equal-length-independent comparison that does not stop at the first difference.
+bool constant_time_equal(const std::string& a, const std::string& b);
+
+}  // namespace di::server

@@ -1,0 +1,161 @@
+// Request validation of the OpenAI API layer (no HTTP) and the completions stop-string matcher.
+#include <gtest/gtest.h>
+
+#include "server/openai_api.h"
+#include "server/stop_matcher.h"
+#include "server_test_util.h"
+
+namespace di::test {
+namespace {
+
+server::ModelContext ctx() {
+  server::ModelContext c;
+  c.tokenizer = v41_tokenizer();
+  c.served_name = "m";
+  c.vocab_size = c.tokenizer->vocab_size();
+  c.bos_id = 0;
+  c.eos_id = 1;
+  c.max_context = 100;
+  c.default_max_tokens = 1000;
+  return c;
+}
+
+server::GenerationSpec ok(const server::ParseResult& r) {
+  if (auto* e = std::get_if<server::ApiError>(&r)) {
+    ADD_FAILURE() << e->message;
+    return {};
+  }
+  return std::get<server::GenerationSpec>(r);
+}
+
+server::ApiError err(const server::ParseResult& r) {
+  if (!std::holds_alternative<server::ApiError>(r)) {
+    ADD_FAILURE() << "expected an error";
+    return {};
+  }
+  return std::get<server::ApiError>(r);
+}
+
+TEST(ServerApi, ChatDefaultsClampToContext) {
+  const auto c = ctx();
+  auto r = server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}]})", c);
+  const auto& s = ok(r);
+  ASSERT_EQ(s.prompts.size(), 1u);
+  const int P = int(s.prompts[0].size());
+  EXPECT_EQ(s.max_tokens, 100 - P);  // default 1000 clamped to the context
+  EXPECT_EQ(s.prompts[0][0], 0);     // BOS
+  ASSERT_TRUE(s.parser.has_value());
+  EXPECT_FALSE(s.parser->start_in_reasoning);
+  EXPECT_FALSE(s.stream);
+  EXPECT_EQ(s.n, 1);
+}
+
+TEST(ServerApi, ChatThinkingToolsJson) {
+  auto c = ctx();
+  c.max_context = 4096;  // the tools prompt is long
+  auto think = server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"reasoning_effort":"high","max_tokens":5})", c);
+  EXPECT_TRUE(ok(think).parser->start_in_reasoning);
+  auto off = server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"disabled"},"max_tokens":5})", c);
+  EXPECT_FALSE(ok(off).parser->start_in_reasoning);
+  auto js = server::parse_chat_completion(
+      R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_object"},"max_tokens":5})", c);
+  EXPECT_TRUE(ok(js).parser->parse_json_output);
+  auto tools = server::parse_chat_completion(
+      R"({"messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"max_tokens":5})", c);
+  EXPECT_TRUE(ok(tools).parser->parse_tool_calls);
+  auto stop = server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":"END","max_tokens":5})", c);
+  EXPECT_EQ(ok(stop).parser->stop_sequences, std::vector<std::string>{"END"});
+  auto mct = server::parse_chat_completion(
+      R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"max_completion_tokens":7,"logprobs":true,"top_logprobs":4})", c);
+  EXPECT_EQ(ok(mct).max_tokens, 7);
+  EXPECT_EQ(ok(mct).sampling.top_logprobs, 4);
+  EXPECT_EQ(ok(mct).sampling.logprobs, 1);
+}
+
+TEST(ServerApi, Errors) {
+  const auto c = ctx();
+  auto e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"model":"x"})", c));
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.param, "model");
+  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"top_k":-2})", c));
+  EXPECT_EQ(e.param, "top_k");
+  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"min_p":2})", c));
+  EXPECT_EQ(e.param, "min_p");
+  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"n":17})", c));
+  EXPECT_EQ(e.param, "n");  // max_n
+  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop_token_ids":[1,-1]})", c));
+  EXPECT_EQ(e.param, "stop_token_ids[1]");
+  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":99})", c));
+  EXPECT_EQ(e.param, "max_tokens");
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  e = err(server::parse_completion("{\"prompt\":\"\xc3\x28\"}", c));
+  EXPECT_EQ(e.code, "invalid_utf8");
+  EXPECT_NE(e.message.find("byte offset 11"), std::string::npos) << e.message;
+  e = err(server::parse_completion(R"({"prompt":[1,2,200000]})", c));
+  EXPECT_EQ(e.param, "prompt[2]");
+  e = err(server::parse_completion(R"({"prompt":"x","stream":false,"stream_options":{}})", c));
+  EXPECT_EQ(e.param, "stream_options");
+  const std::string body = server::error_body(e);
+  auto j = nlohmann::json::parse(body);
+  EXPECT_EQ(j["error"]["param"], "stream_options");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+}
+
+TEST(ServerApi, CompletionPrompts) {
+  const auto c = ctx();
+  const auto& s = ok(server::parse_completion(R"({"prompt":"<｜begin▁of▁sentence｜>Hi","max_tokens":3})", c));
+  ASSERT_EQ(s.prompts.size(), 1u);
+  EXPECT_EQ(s.prompts[0][0], 0);
+  EXPECT_NE(s.prompts[0][1], 0);  // BOS not doubled
+  EXPECT_EQ(s.max_tokens, 3);
+  const auto& d = ok(server::parse_completion(R"({"prompt":[7,8]})", c));
+  EXPECT_EQ(d.max_tokens, 16);  // OpenAI's completions default
+  EXPECT_EQ(d.prompts[0], (std::vector<int32_t>{7, 8}));
+  const auto& b = ok(server::parse_completion(R"({"prompt":[[7],"x"],"n":2,"best_of":2})", c));
+  EXPECT_EQ(b.prompts.size(), 2u);
+  EXPECT_EQ(b.prompt_texts.size(), 2u);
+  const auto& zero = ok(server::parse_completion(R"({"prompt":"x","top_p":0,"temperature":1})", c));
+  EXPECT_EQ(zero.sampling.temperature, 0.f);  // top_p 0 = greedy
+  const auto& lp0 = ok(server::parse_completion(R"({"prompt":"x","logprobs":0})", c));
+  EXPECT_TRUE(lp0.logprobs);
+  EXPECT_EQ(lp0.sampling.logprobs, 1);
+  EXPECT_EQ(lp0.sampling.top_logprobs, 0);
+}
+
+std::string run_stop(std::vector<std::string> stops, const std::vector<std::string>& pieces, bool* matched = nullptr) {
+  server::StopMatcher m(std::move(stops));
+  std::string out;
+  for (const auto& p : pieces) m.feed(p, out);
+  m.finish(out);
+  if (matched) *matched = m.matched();
+  return out;
+}
+
+TEST(ServerApi, StopMatcherNeverLeaksAPartialStop) {
+  bool matched = false;
+  EXPECT_EQ(run_stop({"END"}, {"abc E", "N", "D tail"}, &matched), "abc ");
+  EXPECT_TRUE(matched);
+  EXPECT_EQ(run_stop({"END"}, {"abc EN", "X"}, &matched), "abc ENX");
+  EXPECT_FALSE(matched);
+  EXPECT_EQ(run_stop({"END"}, {"abc EN"}, &matched), "abc EN");  // flushed at the end
+  EXPECT_EQ(run_stop({"xyz", "b"}, {"aaab"}, &matched), "aaa");   // earliest match wins
+  EXPECT_EQ(run_stop({}, {"a", "b"}), "ab");
+  // Streaming: nothing of the stop string is released before it is decided.
+  server::StopMatcher m({"</s>"});
+  std::string out;
+  m.feed("hi <", out);
+  EXPECT_EQ(out, "hi ");
+  m.feed("/", out);
+  EXPECT_EQ(out, "hi ");
+  m.feed("s>bye", out);
+  EXPECT_EQ(out, "hi ");
+  EXPECT_TRUE(m.matched());
+  // Every split of one text gives the same result.
+  const std::string text = "one two STOP three";
+  for (size_t i = 0; i <= text.size(); ++i)
+    for (size_t j = i; j <= text.size(); ++j)
+      EXPECT_EQ(run_stop({"STOP", "TWO"}, {text.substr(0, i), text.substr(i, j - i), text.substr(j)}), "one two ");
+}
+
+}  // namespace
+}  // namespace di::test

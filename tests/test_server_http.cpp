@@ -1,0 +1,597 @@
+// The HTTP layer of `deepinfer serve` over raw sockets, with a scripted fake engine: every error path
+// (400/401/404/405/413/429/503), health, models, metrics, SSE, stop strings, disconnect -> cancel,
+// keep-alive, and 512 concurrent streams.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "server/server.h"
+#include "server_test_util.h"
+
+namespace di::test {
+namespace {
+
+using json = nlohmann::json;
+
+// One log line per request is the server's job, but not this test's output.
+const bool kQuiet = [] {
+  spdlog::set_level(spdlog::level::warn);
+  return true;
+}();
+
+std::vector<int32_t> script_tokens(const std::string& text, bool with_eos = true) {
+  auto ids = v41_tokenizer()->encode(text, false);
+  if (with_eos) ids.push_back(1);
+  return ids;
+}
+
+struct TestServer {
+  std::shared_ptr<FakeEngine> engine;
+  std::unique_ptr<server::Server> srv;
+  uint16_t port = 0;
+
+  explicit TestServer(FakeEngineOptions fo, const std::function<void(server::ServerOptions&)>& tweak = {},
+                      std::shared_future<void> gate = {}) {
+    server::ServerOptions so;
+    so.http.port = 0;
+    so.served_model_name = "tiny-test";
+    so.sse_keepalive_s = 0;
+    so.test_hooks = true;
+    if (tweak) tweak(so);
+    engine = std::make_shared<FakeEngine>(std::move(fo));
+    auto eng = engine;
+    srv = std::make_unique<server::Server>(so, [eng, gate] {
+      if (gate.valid()) gate.wait();
+      server::LoadedModel lm;
+      lm.engine = eng;
+      lm.model.tokenizer = v41_tokenizer();
+      lm.model.vocab_size = lm.model.tokenizer->vocab_size();
+      lm.model.bos_id = 0;
+      lm.model.eos_id = 1;
+      lm.model.max_context = 4096;
+      return lm;
+    });
+    srv->start();
+    port = srv->port();
+    if (!gate.valid()) wait_ready();
+  }
+  void wait_ready() {
+    for (int i = 0; i < 500 && !srv->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(srv->ready());
+  }
+  ~TestServer() { srv->stop(); }
+};
+
+FakeEngineOptions hello_engine() {
+  FakeEngineOptions fo;
+  fo.script = script_tokens("Hello world. Bye");
+  fo.cached_tokens = 5;
+  return fo;
+}
+
+json error_of(const HttpReply& r) {
+  json j = json::parse(r.body);
+  EXPECT_TRUE(j.contains("error")) << r.body;
+  const json& e = j["error"];
+  EXPECT_TRUE(e.contains("message") && e["message"].is_string()) << r.body;
+  EXPECT_TRUE(e.contains("type") && e["type"].is_string()) << r.body;
+  EXPECT_TRUE(e.contains("param")) << r.body;
+  EXPECT_TRUE(e.contains("code")) << r.body;
+  return e;
+}
+
+const std::string kChat = R"({"model":"tiny-test","messages":[{"role":"user","content":"Hi"}],"max_tokens":32})";
+
+TEST(ServerHttp, HealthModelsAndUnknownPaths) {
+  TestServer ts(hello_engine());
+  auto h = fetch(ts.port, "GET", "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(json::parse(h.body)["status"], "ok");
+
+  auto m = fetch(ts.port, "GET", "/v1/models");
+  ASSERT_EQ(m.status, 200);
+  auto mj = json::parse(m.body);
+  EXPECT_EQ(mj["object"], "list");
+  ASSERT_EQ(mj["data"].size(), 1u);
+  EXPECT_EQ(mj["data"][0]["id"], "tiny-test");
+  EXPECT_EQ(mj["data"][0]["max_model_len"], 4096);
+  EXPECT_EQ(fetch(ts.port, "GET", "/v1/models/tiny-test").status, 200);
+  auto other = fetch(ts.port, "GET", "/v1/models/gpt-9");
+  EXPECT_EQ(other.status, 404);
+  EXPECT_EQ(error_of(other)["code"], "model_not_found");
+
+  auto nf = fetch(ts.port, "GET", "/v1/nothing");
+  EXPECT_EQ(nf.status, 404);
+  EXPECT_EQ(error_of(nf)["code"], "unknown_url");
+  EXPECT_EQ(fetch(ts.port, "POST", "/", "{}").status, 404);
+
+  auto na = fetch(ts.port, "GET", "/v1/chat/completions");
+  EXPECT_EQ(na.status, 405);
+  EXPECT_EQ(na.headers["allow"], "POST");
+  EXPECT_EQ(error_of(na)["code"], "method_not_allowed");
+  EXPECT_EQ(fetch(ts.port, "POST", "/v1/models", "{}").status, 405);
+  EXPECT_EQ(fetch(ts.port, "DELETE", "/health").status, 405);
+}
+
+TEST(ServerHttp, HealthIs503WhileLoading) {
+  std::promise<void> release;
+  TestServer ts(hello_engine(), {}, release.get_future().share());
+  auto h = fetch(ts.port, "GET", "/health");
+  EXPECT_EQ(h.status, 503);
+  EXPECT_EQ(json::parse(h.body)["status"], "loading");
+  auto c = fetch(ts.port, "POST", "/v1/chat/completions", kChat);
+  EXPECT_EQ(c.status, 503);
+  EXPECT_EQ(error_of(c)["code"], "model_loading");
+  EXPECT_EQ(c.headers["retry-after"], "5");
+  // Metrics answer while loading (no engine gauges yet).
+  auto m = fetch(ts.port, "GET", "/metrics");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("deepinfer_model_ready 0"), std::string::npos);
+  release.set_value();
+  ts.wait_ready();
+  EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
+}
+
+TEST(ServerHttp, ApiKey) {
+  TestServer ts(hello_engine(), [](server::ServerOptions& o) { o.api_key = "sekret-key"; });
+  auto none = fetch(ts.port, "GET", "/v1/models");
+  EXPECT_EQ(none.status, 401);
+  EXPECT_EQ(error_of(none)["code"], "invalid_api_key");
+  EXPECT_EQ(fetch(ts.port, "GET", "/v1/models", "", "Authorization: Bearer wrong\r\n").status, 401);
+  EXPECT_EQ(fetch(ts.port, "GET", "/v1/models", "", "Authorization: Bearer sekret-key-and-more\r\n").status, 401);
+  EXPECT_EQ(fetch(ts.port, "GET", "/v1/models", "", "Authorization: sekret-key\r\n").status, 401);
+  EXPECT_EQ(fetch(ts.port, "POST", "/v1/chat/completions", kChat).status, 401);
+  EXPECT_EQ(fetch(ts.port, "GET", "/v1/models", "", "Authorization: Bearer sekret-key\r\n").status, 200);
+  EXPECT_EQ(fetch(ts.port, "POST", "/v1/chat/completions", kChat, "Authorization: Bearer sekret-key\r\n").status, 200);
+  // Health and metrics stay open (load balancers, Prometheus).
+  EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
+  EXPECT_EQ(fetch(ts.port, "GET", "/metrics").status, 200);
+  EXPECT_TRUE(server::constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("abc", "abd"));
+  EXPECT_FALSE(server::constant_time_equal("abc", "ab"));
+  EXPECT_FALSE(server::constant_time_equal("", "a"));
+}
+
+TEST(ServerHttp, BodyLimitIs413) {
+  TestServer ts(hello_engine(), [](server::ServerOptions& o) { o.http.max_body_bytes = 1000; });
+  // The declared length alone is enough to refuse.
+  RawConn c(ts.port);
+  c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n");
+  auto r = c.read_reply();
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(error_of(r)["code"], "request_too_large");
+  EXPECT_EQ(r.headers["connection"], "close");
+  // A body that fits is served.
+  EXPECT_EQ(fetch(ts.port, "POST", "/v1/chat/completions", kChat).status, 200);
+}
+
+void expect_400(uint16_t port, const std::string& path, const std::string& body, const std::string& param,
+                const std::string& code = "") {
+  auto r = fetch(port, "POST", path, body);
+  EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+  if (r.status != 400) return;
+  auto e = error_of(r);
+  EXPECT_EQ(e["type"], "invalid_request_error");
+  if (param.empty()) {
+    EXPECT_TRUE(e["param"].is_null()) << r.body;
+  } else {
+    EXPECT_EQ(e["param"], param) << r.body;
+    EXPECT_NE(e["message"].get<std::string>().find(param), std::string::npos) << r.body;
+  }
+  if (!code.empty()) {
+    EXPECT_EQ(e["code"], code) << r.body;
+  }
+}
+
+TEST(ServerHttp, BadRequestsNameTheField) {
+  TestServer ts(hello_engine(), [](server::ServerOptions& o) { o.test_hooks = false; });
+  const std::string chat = "/v1/chat/completions", cmpl = "/v1/completions";
+  expect_400(ts.port, chat, "{\"messages\": [", "", "invalid_json");
+  expect_400(ts.port, chat, "[1,2]", "", "invalid_json");
+  expect_400(ts.port, chat, std::string("{\"messages\":[{\"role\":\"user\",\"content\":\"a\xff\"}]}"), "", "invalid_utf8");
+  expect_400(ts.port, chat, "{}", "messages");
+  expect_400(ts.port, chat, R"({"messages":"hi"})", "messages");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"wizard","content":"x"}]})", "messages[0].role");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature", "invalid_type");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"temperature":3})", "temperature");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"top_p":1.5})", "top_p");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"n":0})", "n");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"n":1.5})", "n", "invalid_type");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":-3})", "max_completion_tokens");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream", "invalid_type");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})", "stream_options");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", "top_logprobs");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"abc":1}})", "logit_bias.abc");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"99999999":1}})", "logit_bias.99999999");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":500}})", "logit_bias.5");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"seed":"x"})", "seed", "invalid_type");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":-2.5})", "presence_penalty");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+             "response_format.type");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})", "stop[0]");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", "functions");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"test_forced_output":"hi"})", "test_forced_output");
+  // Oversized prompt vs the context (256 tokens here).
+  std::string big(12000, 'z');
+  for (size_t i = 0; i < big.size(); i += 2) big[i] = ' ';
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":")" + big + R"("}]})", "messages", "context_length_exceeded");
+  expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"max_tokens":5000})", "max_tokens", "context_length_exceeded");
+
+  expect_400(ts.port, cmpl, R"({"model":"tiny-test"})", "prompt");
+  expect_400(ts.port, cmpl, R"({"prompt":5})", "prompt", "invalid_type");
+  expect_400(ts.port, cmpl, R"({"prompt":""})", "prompt");
+  expect_400(ts.port, cmpl, R"({"prompt":[1,2,-1]})", "prompt[2]");
+  expect_400(ts.port, cmpl, R"({"prompt":[[1,2],[3,"x"]]})", "prompt[1][1]", "invalid_type");
+  expect_400(ts.port, cmpl, R"({"prompt":"a","suffix":"b"})", "suffix");
+  expect_400(ts.port, cmpl, R"({"prompt":"a","echo":true,"logprobs":2})", "echo");
+  expect_400(ts.port, cmpl, R"({"prompt":"a","logprobs":true})", "logprobs", "invalid_type");
+  expect_400(ts.port, cmpl, R"({"prompt":"a","best_of":3})", "best_of");
+  expect_400(ts.port, cmpl, R"({"prompt":"a","stop":""})", "stop[0]");
+  expect_400(ts.port, cmpl, R"({"prompt":")" + big + R"("})", "prompt", "context_length_exceeded");
+
+  // Unknown model: 404 naming the field; unknown fields are ignored.
+  auto unk = fetch(ts.port, "POST", chat, R"({"model":"gpt-4o","messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(unk.status, 404);
+  EXPECT_EQ(error_of(unk)["param"], "model");
+  EXPECT_EQ(error_of(unk)["code"], "model_not_found");
+  EXPECT_EQ(fetch(ts.port, "POST", chat, R"({"messages":[{"role":"user","content":"x"}],"max_tokens":4,"foo":{"bar":1},"user":"u"})").status,
+            200);
+  // Malformed HTTP itself.
+  RawConn c(ts.port);
+  c.send("THIS IS NOT HTTP\r\n\r\n");
+  EXPECT_EQ(c.read_reply().status, 400);
+}
+
+TEST(ServerHttp, QueueFullIs429WithRetryAfter) {
+  FakeEngineOptions fo = hello_engine();
+  fo.max_running = 1;
+  fo.max_waiting = 0;
+  fo.step_ms = 20;
+  TestServer ts(fo);
+  RawConn busy(ts.port);
+  busy.send(http_request("POST", "/v1/completions", R"({"prompt":"x","max_tokens":200,"ignore_eos":true,"stream":true})"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto r = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"x","max_tokens":2})");
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.headers["retry-after"], "2");
+  EXPECT_EQ(error_of(r)["code"], "engine_queue_full");
+  busy.close();
+}
+
+TEST(ServerHttp, ChatNonStreaming) {
+  TestServer ts(hello_engine());
+  auto r = fetch(ts.port, "POST", "/v1/chat/completions",
+                 R"({"model":"tiny-test","messages":[{"role":"user","content":"Hi"}],"max_tokens":32,"logprobs":true,"top_logprobs":2})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "tiny-test");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello world. Bye");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  const auto& lp = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), script_tokens("Hello world. Bye").size());
+  EXPECT_EQ(lp[0]["token"], "Hello");
+  EXPECT_EQ(lp[0]["top_logprobs"].size(), 2u);
+  EXPECT_FLOAT_EQ(lp[0]["logprob"].get<float>(), -0.25f);
+  const auto& u = j["usage"];
+  const int prompt = u["prompt_tokens"];
+  EXPECT_GT(prompt, 3);
+  EXPECT_EQ(u["completion_tokens"], int(script_tokens("Hello world. Bye").size()));
+  EXPECT_EQ(u["total_tokens"], prompt + u["completion_tokens"].get<int>());
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 5);
+  // The engine got the chat prompt (BOS ... Assistant header) and the sampling fields.
+  auto sub = ts.engine->submitted().back();
+  EXPECT_EQ(sub.prompt.front(), 0);
+  EXPECT_EQ(sub.max_tokens, 32);
+  EXPECT_EQ(sub.sampling.logprobs, 1);
+  EXPECT_EQ(sub.sampling.top_logprobs, 2);
+}
+
+TEST(ServerHttp, SamplingFieldsReachTheEngine) {
+  TestServer ts(hello_engine());
+  auto r = fetch(ts.port, "POST", "/v1/completions",
+                 R"({"prompt":[5,6,7],"max_tokens":3,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.1,"presence_penalty":0.5,
+                     "frequency_penalty":-0.5,"repetition_penalty":1.1,"seed":-7,"logit_bias":{"42":-100,"7":5.5},"n":2,
+                     "stop_token_ids":[9],"ignore_eos":true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto p = ts.engine->submitted().back();
+  EXPECT_EQ(p.prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(p.max_tokens, 3);
+  EXPECT_EQ(p.n, 2);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 0.9f);
+  EXPECT_EQ(p.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(p.sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(p.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(p.sampling.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(p.sampling.repetition_penalty, 1.1f);
+  ASSERT_TRUE(p.sampling.seed.has_value());
+  EXPECT_EQ(*p.sampling.seed, uint64_t(int64_t(-7)));
+  ASSERT_EQ(p.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(p.sampling.logit_bias[0].first, 42);
+  EXPECT_FLOAT_EQ(p.sampling.logit_bias[1].second, 5.5f);
+  EXPECT_EQ(p.stop_token_ids, (std::vector<int32_t>{9}));
+  EXPECT_TRUE(p.ignore_eos);
+  auto j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  // Completion prompts as text get BOS.
+  ASSERT_EQ(fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"Hi there","max_tokens":1})").status, 200);
+  EXPECT_EQ(ts.engine->submitted().back().prompt.front(), 0);
+}
+
+TEST(ServerHttp, ChatStreamingWithUsage) {
+  TestServer ts(hello_engine());
+  auto r = fetch(ts.port, "POST", "/v1/chat/completions",
+                 R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":32,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers["content-type"], "text/event-stream");
+  auto events = sse_data(r.body);
+  ASSERT_GE(events.size(), 4u) << r.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string content;
+  std::string finish;
+  bool role = false;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    auto j = json::parse(events[i]);
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    const auto& d = j["choices"][0]["delta"];
+    if (d.contains("role")) role = true;
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(role);
+  EXPECT_EQ(content, "Hello world. Bye");
+  EXPECT_EQ(finish, "stop");
+  auto usage = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], int(script_tokens("Hello world. Bye").size()));
+  EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 5);
+}
+
+TEST(ServerHttp, StopStringCancelsAndNeverLeaks) {
+  FakeEngineOptions fo;
+  fo.script = script_tokens("Hello world. Bye and more and more", false);
+  fo.step_ms = 5;
+  TestServer ts(fo);
+  auto r = fetch(ts.port, "POST", "/v1/chat/completions",
+                 R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"stop":["d. B"]})");
+  ASSERT_EQ(r.status, 200);
+  auto j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello worl");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(ts.engine->cancel_calls().size(), 1u);
+  EXPECT_LT(j["usage"]["completion_tokens"].get<int>(), 20);
+
+  // Completions, streamed: no piece of the stop string ever reaches the client.
+  auto s = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"x","max_tokens":200,"stop":"d. B","stream":true})");
+  std::string text;
+  for (const auto& e : sse_data(s.body)) {
+    if (e == "[DONE]") break;
+    auto c = json::parse(e);
+    text += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) {
+      EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
+    }
+  }
+  EXPECT_EQ(text, "Hello worl");
+  EXPECT_EQ(ts.engine->cancel_calls().size(), 2u);
+}
+
+TEST(ServerHttp, CompletionsEchoLogprobsAndBatchPrompts) {
+  TestServer ts(hello_engine());
+  auto r = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"Say:","max_tokens":2,"echo":true})");
+  ASSERT_EQ(r.status, 200);
+  auto j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "Say:Hello world");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+
+  auto l = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"Say:","max_tokens":2,"logprobs":3})");
+  auto lj = json::parse(l.body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lj["tokens"].size(), 2u);
+  EXPECT_EQ(lj["tokens"][0], "Hello");
+  EXPECT_EQ(lj["token_logprobs"].size(), 2u);
+  EXPECT_EQ(lj["top_logprobs"][0].size(), 3u);
+  EXPECT_EQ(lj["text_offset"][1], 5);
+
+  auto b = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":["a","b"],"max_tokens":2,"n":2})");
+  ASSERT_EQ(b.status, 200);
+  auto bj = json::parse(b.body);
+  ASSERT_EQ(bj["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(bj["choices"][i]["index"], i);
+  EXPECT_EQ(ts.engine->submitted().size(), 4u);  // 1 + 1 + 2 submissions
+
+  // Forced output ends as if by EOS.
+  auto f = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"x","test_forced_output":"forced text"})");
+  ASSERT_EQ(f.status, 200) << f.body;
+  EXPECT_EQ(json::parse(f.body)["choices"][0]["text"], "forced text");
+  EXPECT_EQ(json::parse(f.body)["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(ServerHttp, ToolCallsThroughForcedOutput) {
+  TestServer ts(hello_engine());
+  const std::string forced =
+      "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" "
+      "string=\"true\">Paris</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  json req = {{"messages", {{{"role", "user"}, {"content", "Weather?"}}}},
+              {"tools", {{{"type", "function"},
+                          {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}}},
+              {"test_forced_output", forced}};
+  auto r = fetch(ts.port, "POST", "/v1/chat/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = json::parse(r.body);
+  const auto& msg = j["choices"][0]["message"];
+  ASSERT_EQ(msg["tool_calls"].size(), 1u) << r.body;
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+}
+
+TEST(ServerHttp, DisconnectCancelsTheEngineRequest) {
+  FakeEngineOptions fo = hello_engine();
+  fo.script = script_tokens("a b c d e f g", false);
+  fo.step_ms = 10;
+  TestServer ts(fo);
+  {
+    RawConn c(ts.port);
+    c.send(http_request("POST", "/v1/chat/completions",
+                        R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"stream":true})"));
+    int chunks = 0;
+    c.read_reply(5000, [&](const std::string&) { return ++chunks < 3; });
+  }  // closes the socket mid-stream
+  for (int i = 0; i < 200 && ts.engine->cancel_calls().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(ts.engine->cancel_calls().size(), 1u);
+  for (int i = 0; i < 200 && ts.engine->stats().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(ts.engine->stats().running, 0);
+  EXPECT_EQ(ts.engine->stats().cache_pages_used, 0);
+  std::string m;
+  for (int i = 0; i < 100; ++i) {
+    m = fetch(ts.port, "GET", "/metrics").body;
+    if (m.find("deepinfer_request_finished_total{finish_reason=\"cancelled\"} 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(m.find("deepinfer_request_finished_total{finish_reason=\"cancelled\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("deepinfer_cache_pages_used 0"), std::string::npos);
+  EXPECT_NE(m.find("deepinfer_open_streams 0"), std::string::npos);
+
+  // Also while waiting for a non-streaming reply.
+  {
+    RawConn c(ts.port);
+    c.send(http_request("POST", "/v1/completions", R"({"prompt":"x","max_tokens":200})"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (int i = 0; i < 200 && ts.engine->cancel_calls().size() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(ts.engine->cancel_calls().size(), 2u);
+}
+
+TEST(ServerHttp, KeepAliveCommentsDuringLongPrefill) {
+  FakeEngineOptions fo = hello_engine();
+  fo.prefill_ms = 700;
+  TestServer ts(fo, [](server::ServerOptions& o) { o.sse_keepalive_s = 0.15; });
+  auto r = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"x","max_tokens":3,"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find(": keep-alive\n\n"), std::string::npos) << r.body;
+  EXPECT_EQ(sse_data(r.body).back(), "[DONE]");
+}
+
+TEST(ServerHttp, KeepAliveConnectionServesSeveralRequests) {
+  TestServer ts(hello_engine());
+  RawConn c(ts.port);
+  for (int i = 0; i < 3; ++i) {
+    c.send(http_request("POST", "/v1/completions", R"({"prompt":"x","max_tokens":2,"stream":true})"));
+    auto r = c.read_reply();
+    ASSERT_EQ(r.status, 200);
+    EXPECT_EQ(sse_data(r.body).back(), "[DONE]");
+    c.send(http_request("GET", "/health"));
+    EXPECT_EQ(c.read_reply().status, 200);
+  }
+  // Pipelined: two requests in one write.
+  c.send(http_request("GET", "/health") + http_request("GET", "/v1/models"));
+  EXPECT_EQ(c.read_reply().status, 200);
+  auto second = c.read_reply();
+  EXPECT_EQ(second.status, 200);
+  EXPECT_EQ(json::parse(second.body)["object"], "list");
+  c.send(http_request("GET", "/health", "", "Connection: close\r\n"));
+  auto last = c.read_reply();
+  EXPECT_EQ(last.status, 200);
+  EXPECT_TRUE(last.closed);
+}
+
+TEST(ServerHttp, MetricsFormat) {
+  TestServer ts(hello_engine());
+  ASSERT_EQ(fetch(ts.port, "POST", "/v1/chat/completions", kChat).status, 200);
+  ASSERT_EQ(fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"one two three four five six","max_tokens":3})").status, 200);
+  fetch(ts.port, "GET", "/nope");
+  auto r = fetch(ts.port, "GET", "/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers["content-type"].rfind("text/plain; version=0.0.4", 0), 0u);
+  // Every sample line: name{labels} value, with a TYPE declared before it.
+  std::set<std::string> typed;
+  std::map<std::string, double> samples;
+  const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.eE+-]+|\+Inf|NaN)$)");
+  std::istringstream in(r.body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      typed.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.rfind("# HELP ", 0) == 0) continue;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, sample)) << line;
+    std::string base = m[1];
+    for (const char* suf : {"_bucket", "_sum", "_count"})
+      if (!typed.count(base) && base.size() > strlen(suf) && base.compare(base.size() - strlen(suf), strlen(suf), suf) == 0)
+        base = base.substr(0, base.size() - strlen(suf));
+    EXPECT_TRUE(typed.count(base)) << "no TYPE for " << line;
+    samples[m[1].str() + m[2].str()] = std::stod(m[3]);
+  }
+  EXPECT_EQ(samples["deepinfer_http_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}"], 1);
+  EXPECT_EQ(samples["deepinfer_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}"], 1);
+  EXPECT_EQ(samples["deepinfer_http_requests_total{endpoint=\"other\",status=\"404\"}"], 1);
+  EXPECT_EQ(samples["deepinfer_request_finished_total{finish_reason=\"stop\"}"], 1);
+  EXPECT_EQ(samples["deepinfer_request_finished_total{finish_reason=\"length\"}"], 1);
+  EXPECT_EQ(samples["deepinfer_generation_tokens_total"], double(script_tokens("Hello world. Bye").size() + 3));
+  EXPECT_EQ(samples["deepinfer_cached_prompt_tokens_total"], 10);
+  EXPECT_EQ(samples["deepinfer_time_to_first_token_seconds_count"], 2);
+  EXPECT_EQ(samples["deepinfer_time_to_first_token_seconds_bucket{le=\"+Inf\"}"], 2);
+  EXPECT_EQ(samples["deepinfer_time_per_output_token_seconds_count"], 2);
+  EXPECT_TRUE(samples.count("deepinfer_num_requests_waiting"));
+  EXPECT_TRUE(samples.count("deepinfer_num_requests_running"));
+  EXPECT_TRUE(samples.count("deepinfer_cache_pages_used"));
+  EXPECT_TRUE(samples.count("deepinfer_cache_bytes_used"));
+  EXPECT_TRUE(samples.count("deepinfer_prefix_cache_hit_rate"));
+  EXPECT_EQ(samples["deepinfer_model_ready"], 1);
+  // Buckets are cumulative.
+  std::vector<double> buckets;
+  std::istringstream in2(r.body);
+  while (std::getline(in2, line))
+    if (line.rfind("deepinfer_e2e_request_latency_seconds_bucket", 0) == 0) buckets.push_back(std::stod(line.substr(line.rfind(' ') + 1)));
+  ASSERT_GT(buckets.size(), 3u);
+  for (size_t i = 1; i < buckets.size(); ++i) EXPECT_LE(buckets[i - 1], buckets[i]);
+}
+
+TEST(ServerHttp, Holds512ConcurrentStreams) {
+  raise_fd_limit();
+  FakeEngineOptions fo = hello_engine();
+  fo.script = script_tokens("tick tock", false);
+  fo.max_running = 600;
+  fo.step_ms = 20;
+  TestServer ts(fo, [](server::ServerOptions& o) { o.http.io_threads = 2; });
+  constexpr int kConns = 512;
+  std::vector<std::unique_ptr<RawConn>> conns;
+  for (int i = 0; i < kConns; ++i) {
+    conns.push_back(std::make_unique<RawConn>(ts.port));
+    conns.back()->send(http_request("POST", "/v1/completions", R"({"prompt":"x","max_tokens":40,"stream":true})"));
+  }
+  // All of them are streaming at the same time.
+  int running = 0;
+  for (int i = 0; i < 300 && running < kConns; ++i) {
+    running = ts.engine->stats().running;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(running, kConns);
+  int done = 0;
+  for (auto& c : conns) {
+    auto r = c->read_reply(60000);
+    auto ev = sse_data(r.body);
+    if (r.status == 200 && !ev.empty() && ev.back() == "[DONE]" && ev.size() == 42) ++done;
+  }
+  EXPECT_EQ(done, kConns);
+}
+
+}  // namespace
+}  // namespace di::test
