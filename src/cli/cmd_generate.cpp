@@ -80,7 +80,9 @@ void run(const GenerateArgs& a) {
     prompt.insert(prompt.end(), ids.begin(), ids.end());
   }
   for (int32_t id : prompt)
-    if (id >= cfg.vocab_size) throw std::invalid_argument("prompt id " + std::to_string(id) + " >= vocab_size " + std::to_string(cfg.vocab_size));
+    if (id >= model->sampleable_vocab())
+      throw std::invalid_argument("prompt id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                  std::to_string(model->sampleable_vocab()) + ")");
   if (a.max_tokens < 0) throw std::invalid_argument("--max-tokens must be >= 0");
 
   v41::SequenceState st = model->new_state();
@@ -93,7 +95,7 @@ void run(const GenerateArgs& a) {
     detok = std::make_unique<IncrementalDecoder>(tok);
     if (!a.prompt.empty() && a.prompt_ids.empty()) std::printf("%s", a.prompt.c_str());
   }
-  const int64_t V = cfg.vocab_size;
+  const int64_t V = cfg.vocab_size, V_sample = model->sampleable_vocab();
   const auto t0 = std::chrono::steady_clock::now();
   model->forward(st, prompt, logits, {}, ws);
   const double prefill_s = seconds_since(t0);
@@ -101,7 +103,7 @@ void run(const GenerateArgs& a) {
   const auto t1 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.max_tokens; ++i) {
     if (!a.dump_logits.empty()) dumped.insert(dumped.end(), logits.begin(), logits.begin() + V);
-    const int32_t next = sampler.sample(logits.data(), V);
+    const int32_t next = sampler.sample(logits.data(), V_sample);
     out.push_back(next);
     if (detok) {
       std::fputs(detok->push(next).c_str(), stdout);

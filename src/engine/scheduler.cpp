@@ -53,7 +53,7 @@ Scheduler::Scheduler(const v41::Model& model, const EngineOptions& opts)
       cache_(opts.page_tokens, format_id(model.config(), opts)),
       blank_(model.new_state(opts.max_rollback, opts.page_tokens, nullptr)),
       page_set_bytes_(blank_.bytes_needed(1)),
-      sampler_(model.config().vocab_size),
+      sampler_(model.sampleable_vocab()),
       waiting_(Order{opts.priority_scheduling}) {}
 
 Scheduler::~Scheduler() {

@@ -637,10 +637,12 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
     const auto& it = items[b];
     if (!it.state || !it.logits) throw std::invalid_argument("forward: batch item " + std::to_string(b) + " has no state or output");
     if (it.tokens.empty()) throw std::invalid_argument("forward: empty chunk (batch item " + std::to_string(b) + ")");
+    const int64_t limit = sampleable_vocab();
     for (size_t s = 0; s < it.tokens.size(); ++s)
-      if (it.tokens[s] < 0 || it.tokens[s] >= cf.vocab_size)
+      if (it.tokens[s] < 0 || it.tokens[s] >= limit)
         throw std::out_of_range("forward: token id " + std::to_string(it.tokens[s]) + " at chunk position " +
-                                std::to_string(s) + " is outside the vocabulary [0, " + std::to_string(cf.vocab_size) + ")");
+                                std::to_string(s) + " is outside the vocabulary [0, " + std::to_string(limit) +
+                                ")" + (limit < cf.vocab_size ? " (ids the tokenizer does not define)" : ""));
     for (size_t o = 0; o < b; ++o)
       if (items[o].state == it.state) throw std::invalid_argument("forward: a sequence appears twice in one batch");
     R += int(it.tokens.size());

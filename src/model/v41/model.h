@@ -102,6 +102,12 @@ class Model {
 
   const V41Config& config() const { return cfg_; }
   const EngramTokenMap& engram_token_map() const { return token_map_; }
+  // Ids a sampler may produce: those the tokenizer defines when Engram needs them (the head covers
+  // vocab_size rows, but an id outside the tokenizer has no Engram n-gram entry), else vocab_size.
+  int64_t sampleable_vocab() const {
+    return token_map_.compressed.empty() ? cfg_.vocab_size
+                                         : std::min<int64_t>(cfg_.vocab_size, int64_t(token_map_.compressed.size()));
+  }
   IndexKeyPolicy index_key_policy() const { return policy_; }
   void set_index_key_policy(IndexKeyPolicy p) { policy_ = p; }
   SequenceState new_state(int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr) const {
