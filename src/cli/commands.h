@@ -8,4 +8,5 @@ namespace di::cli {
 void add_generate(CLI::App& app);
 void add_make_tiny(CLI::App& app);
 void add_tokenize(CLI::App& app);
+void add_bench(CLI::App& app);
 }  // namespace di::cli
