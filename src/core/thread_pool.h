@@ -1,24 +1,52 @@
 // A fixed pool of worker threads for the forward pass. parallel_for splits [0, n) into contiguous
-// ranges, one per thread (the caller runs one of them). Workers spin briefly, then sleep, so a
-// decode step pays no syscall while the pool is busy; nothing is allocated per call.
+// ranges, one per thread (the caller runs range 0). Workers spin briefly, then sleep, so a decode
+// step pays no syscall while the pool is busy; nothing is allocated per call.
+//
+// The split is static (thread t always gets the same range for the same n, grain and size), so
+// kernels that give every output element to exactly one thread produce the same bits for any
+// thread count. A parallel_for issued from inside a worker (or while the pool is busy) runs
+// inline on the calling thread: nested parallelism is allowed but serial.
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <type_traits>
+#include <utility>
 
 namespace di {
 
 class ThreadPool {
  public:
+  // Non-owning reference to fn(begin, end, thread_index): no heap allocation, unlike std::function.
+  class RangeFn {
+   public:
+    template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, RangeFn>>>
+    RangeFn(F&& f)  // NOLINT(google-explicit-constructor)
+        : obj_(const_cast<void*>(static_cast<const void*>(&f))), call_([](void* o, int64_t b, int64_t e, int t) {
+            (*static_cast<std::remove_reference_t<F>*>(o))(b, e, t);
+          }) {}
+    void operator()(int64_t b, int64_t e, int t) const { call_(obj_, b, e, t); }
+
+   private:
+    void* obj_;
+    void (*call_)(void*, int64_t, int64_t, int);
+  };
+
   explicit ThreadPool(int n_threads);  // n_threads >= 1 (1 = run everything on the caller)
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  // std::thread::hardware_concurrency(), at least 1: the default for --threads.
+  static int default_threads();
+
   int size() const;
   // fn(begin, end, thread_index) for disjoint ranges covering [0, n); ranges are multiples of
-  // `grain` except the last. Returns when all ranges are done. Not reentrant.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn);
+  // `grain` except the last; thread_index < size(). Empty ranges are not called. Returns when
+  // all ranges are done. Exceptions thrown by fn terminate (kernels do not throw).
+  void parallel_for(int64_t n, int64_t grain, RangeFn fn);
+
+  // Range of thread t when [0, n) is split in units of `grain` over `parts` threads.
+  static std::pair<int64_t, int64_t> split(int64_t n, int64_t grain, int parts, int t);
 
  private:
   struct Impl;

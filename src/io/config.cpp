@@ -1,5 +1,7 @@
 #include "io/config.h"
 
+#include "io/file_util.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -28,20 +30,6 @@ bool V41Config::is_engram_layer(int layer) const {
 
 namespace {
 
-const char* type_name(const json& j) {
-  switch (j.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "object";
-    case json::value_t::array: return "array";
-    case json::value_t::string: return "string";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "float";
-    default: return "binary";
-  }
-}
-
 // Typed access to one JSON object of the config, with "origin: path.key: problem" errors.
 class Section {
  public:
@@ -58,7 +46,7 @@ class Section {
     return *it;
   }
   [[noreturn]] void wrong(const std::string& key, const char* expected, const json& v) const {
-    fail(key, std::string("expected ") + expected + ", got " + type_name(v));
+    fail(key, std::string("expected ") + expected + ", got " + json_type_name(v));
   }
 
   Section sub(const std::string& key) const {
@@ -118,7 +106,7 @@ class Section {
     if (!has(key)) return;
     const json& v = at(key);
     const json w = want;
-    if (v.type() != w.type() && !(v.is_number() && w.is_number())) wrong(key, type_name(w), v);
+    if (v.type() != w.type() && !(v.is_number() && w.is_number())) wrong(key, json_type_name(w), v);
     if (v != w) fail(key, "is " + v.dump() + ", only " + w.dump() + " is supported");
   }
 
@@ -160,7 +148,7 @@ V41Config V41Config::from_hf_json_text(const std::string& text, const std::strin
   } catch (const json::exception& e) {
     throw LoadError(origin + ": invalid JSON: " + e.what());
   }
-  if (!j.is_object()) throw LoadError(origin + ": expected a JSON object at top level, got " + type_name(j));
+  if (!j.is_object()) throw LoadError(origin + ": expected a JSON object at top level, got " + json_type_name(j));
   V41Config c;
   const Section top(j, "", origin);
   std::string model_type;

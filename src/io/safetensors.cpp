@@ -1,5 +1,7 @@
 #include "io/safetensors.h"
 
+#include "io/file_util.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -38,20 +40,6 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 [[noreturn]] void fail(const std::string& msg) { throw LoadError(msg); }
 
 std::string errno_text() { return std::strerror(errno); }
-
-const char* json_type_name(const json& j) {
-  switch (j.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "object";
-    case json::value_t::array: return "array";
-    case json::value_t::string: return "string";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "float";
-    default: return "binary";
-  }
-}
 
 // Parses JSON, rejecting duplicate keys at any depth (nlohmann would silently keep the last one,
 // so a header listing a tensor twice would load whichever came last).
@@ -457,29 +445,15 @@ void SafetensorsWriter::write(const std::string& path) const {
   // The format allows trailing spaces; padding keeps the data buffer 8-byte aligned in the file.
   header.append((8 - header.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail(path + ": cannot create " + tmp + ": " + errno_text());
-  bool ok = true;
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
-  ok = ok && std::fwrite(len, 1, 8, f) == 8;
-  ok = ok && std::fwrite(header.data(), 1, header.size(), f) == header.size();
-  for (const auto& e : entries_)
-    if (ok && !e.bytes.empty()) ok = std::fwrite(e.bytes.data(), 1, e.bytes.size(), f) == e.bytes.size();
-  ok = (std::fflush(f) == 0) && ok;
-  ok = ok && ::fsync(fileno(f)) == 0;
-  const std::string werr = ok ? "" : errno_text();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail(path + ": write failed: " + (werr.empty() ? errno_text() : werr));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string e = errno_text();
-    std::remove(tmp.c_str());
-    fail(path + ": cannot rename " + tmp + " into place: " + e);
-  }
+  write_file_atomic(path, [&](std::FILE* f) {
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
+    bool ok = std::fwrite(len, 1, 8, f) == 8;
+    ok = ok && std::fwrite(header.data(), 1, header.size(), f) == header.size();
+    for (const auto& e : entries_)
+      if (ok && !e.bytes.empty()) ok = std::fwrite(e.bytes.data(), 1, e.bytes.size(), f) == e.bytes.size();
+    return ok;
+  });
 }
 
 }  // namespace di

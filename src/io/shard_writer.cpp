@@ -1,5 +1,7 @@
 #include "io/shard_writer.h"
 
+#include "io/file_util.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -175,23 +177,7 @@ void ShardedCheckpointWriter::finish() {
   }
   const json idx = {{"metadata", {{"total_size", total_tensor_bytes_}}}, {"weight_map", wm}};
   const std::string text = idx.dump(2) + "\n";
-  const std::string tmp = index_path_ + ".tmp." + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail(index_path_ + ": cannot create " + tmp + ": " + errno_text());
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = (std::fflush(f) == 0) && ok;
-  ok = ok && ::fsync(fileno(f)) == 0;
-  const std::string werr = ok ? "" : errno_text();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail(index_path_ + ": write failed: " + (werr.empty() ? errno_text() : werr));
-  }
-  if (std::rename(tmp.c_str(), index_path_.c_str()) != 0) {
-    const std::string e = errno_text();
-    std::remove(tmp.c_str());
-    fail(index_path_ + ": cannot rename " + tmp + " into place: " + e);
-  }
+  write_file_atomic(index_path_, [&](std::FILE* f) { return std::fwrite(text.data(), 1, text.size(), f) == text.size(); });
 }
 
 std::vector<std::string> ShardedCheckpointWriter::files() const {

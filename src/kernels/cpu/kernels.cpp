@@ -1,10 +1,28 @@
 #include "kernels/cpu/kernels.h"
 
+#include <array>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include "core/dtypes.h"
+#include "kernels/cpu/kernels_internal.h"
+
 namespace di::kern {
+
+namespace detail {
+bool unrounded_quant_output = false;
+
+const float* e8m0_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int i = 0; i < 256; ++i) a[size_t(i)] = e8m0_to_f32(uint8_t(i));
+    return a;
+  }();
+  return t.data();
+}
+}  // namespace detail
 
 const char* isa_name(Isa i) {
   switch (i) {
@@ -15,40 +33,114 @@ const char* isa_name(Isa i) {
   return "?";
 }
 
-Isa best_isa() { return Isa::Scalar; }
+bool isa_supported(Isa i) {
+#if defined(__x86_64__)
+  switch (i) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi") &&
+             isa_supported(Isa::Avx2);
+  }
+  return false;
+#else
+  return i == Isa::Scalar;
+#endif
+}
+
+Isa best_isa() {
+  if (isa_supported(Isa::Avx512)) return Isa::Avx512;
+  if (isa_supported(Isa::Avx2)) return Isa::Avx2;
+  return Isa::Scalar;
+}
 
 namespace {
+Isa parse_isa_env() {
+  const char* e = std::getenv("DEEPINFER_ISA");
+  if (!e || !*e) return best_isa();
+  const std::string s(e);
+  Isa i;
+  if (s == "scalar") i = Isa::Scalar;
+  else if (s == "avx2") i = Isa::Avx2;
+  else if (s == "avx512") i = Isa::Avx512;
+  else throw std::invalid_argument("DEEPINFER_ISA=" + s + ": expected scalar, avx2 or avx512");
+  if (!isa_supported(i)) throw std::invalid_argument("DEEPINFER_ISA=" + s + ": this CPU does not support it");
+  return i;
+}
 Isa& current() {
-  static Isa isa = [] {
-    if (const char* e = std::getenv("DEEPINFER_ISA"); e && *e) {
-      const std::string s(e);
-      if (s == "scalar") return Isa::Scalar;
-      throw std::invalid_argument("DEEPINFER_ISA=" + s + ": not available on this build/CPU");
-    }
-    return best_isa();
-  }();
+  static Isa isa = parse_isa_env();
   return isa;
 }
+ThreadPool*& pool_slot() {
+  static ThreadPool* p = nullptr;
+  return p;
+}
+ThreadPool* pick(ThreadPool* p) { return p ? p : pool_slot(); }
 }  // namespace
 
 Isa active_isa() { return current(); }
 void set_isa(Isa i) {
-  if (i != Isa::Scalar) throw std::invalid_argument(std::string("ISA ") + isa_name(i) + " is not available");
+  if (!isa_supported(i)) throw std::invalid_argument(std::string("ISA ") + isa_name(i) + " is not supported by this CPU");
   current() = i;
 }
+void set_default_pool(ThreadPool* p) { pool_slot() = p; }
+ThreadPool* default_pool() { return pool_slot(); }
 
-void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool*) { ref::linear_fp8(x, m, w, y); }
-void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool*) { ref::linear_fp4(x, m, w, y); }
-void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool*) {
-  ref::linear_bf16(x, m, w, y, round_out);
+// The block kernels need whole 32-wide K blocks (FP4 always has them; FP8 may end short).
+void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  const bool blocks = w.in % 32 == 0;
+  switch (current()) {
+    case Isa::Avx512: if (blocks) return avx512::linear_fp8(x, m, w, y, pick(pool)); break;
+    case Isa::Avx2: if (blocks) return avx2::linear_fp8(x, m, w, y, pick(pool)); break;
+    case Isa::Scalar: break;
+  }
+  ref::linear_fp8(x, m, w, y);
 }
-void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool*) { ref::linear_f32(x, m, w, y); }
-void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool*) {
-  ref::linear_fp8_dequant(x, m, w, y);
+void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  const bool blocks = w.in % 32 == 0;
+  switch (current()) {
+    case Isa::Avx512: if (blocks) return avx512::linear_fp4(x, m, w, y, pick(pool)); break;
+    case Isa::Avx2: if (blocks) return avx2::linear_fp4(x, m, w, y, pick(pool)); break;
+    case Isa::Scalar: break;
+  }
+  ref::linear_fp4(x, m, w, y);
+}
+void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  switch (current()) {
+    case Isa::Avx512: return avx512::linear_bf16(x, m, w, y, round_out, pick(pool));
+    case Isa::Avx2: return avx2::linear_bf16(x, m, w, y, round_out, pick(pool));
+    case Isa::Scalar: return ref::linear_bf16(x, m, w, y, round_out);
+  }
+}
+void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  switch (current()) {
+    case Isa::Avx512: return avx512::linear_f32(x, m, w, y, pick(pool));
+    case Isa::Avx2: return avx2::linear_f32(x, m, w, y, pick(pool));
+    case Isa::Scalar: return ref::linear_f32(x, m, w, y);
+  }
+}
+void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  switch (current()) {
+    case Isa::Avx512: return avx512::linear_fp8_dequant(x, m, w, y, pick(pool));
+    case Isa::Avx2: return avx2::linear_fp8_dequant(x, m, w, y, pick(pool));
+    case Isa::Scalar: return ref::linear_fp8_dequant(x, m, w, y);
+  }
 }
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out) {
-  ref::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+  switch (current()) {
+    case Isa::Avx512: return avx512::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+    case Isa::Avx2: return avx2::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+    case Isa::Scalar: return ref::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+  }
 }
 
 }  // namespace di::kern

@@ -19,8 +19,16 @@ const char* isa_name(Isa);
 Isa best_isa();    // what this CPU supports
 Isa active_isa();  // what the kernels use now (DEEPINFER_ISA, else best_isa())
 void set_isa(Isa);  // throws std::invalid_argument if the CPU lacks it
+bool isa_supported(Isa);
 
-// Same contracts as the ref:: functions; `pool` (may be null) splits the output columns.
+// The pool the kernels use when their `pool` argument is null (initially none: single-threaded).
+// The model/engine sets it once (sized by --threads); kernels called from inside a pool worker
+// run single-threaded on that worker.
+void set_default_pool(ThreadPool*);
+ThreadPool* default_pool();
+
+// Same contracts as the ref:: functions; `pool` (null: default_pool()) splits the output columns.
+// Results do not depend on the pool, on m (rows are independent) or on how rows are batched.
 void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool = nullptr);
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool = nullptr);
 void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool = nullptr);

@@ -1,0 +1,192 @@
+// Kernel microbenchmarks: FP8/FP4 linears at decode shapes (weight GB/s vs a read-bandwidth
+// measured in the same process, on buffers far larger than the caches) and at m = 512 (GFLOP/s vs
+// a measured vdpbf16ps / fp32 FMA peak). Weights rotate through a 1 GiB arena so every decode
+// iteration streams from DRAM, not from the 260 MB L3.
+//   bench_kernels [--benchmark_filter=...]   (DEEPINFER_ISA selects the kernel path)
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/dtypes.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/kernels.h"
+
+using namespace di;
+
+namespace {
+
+constexpr size_t kArena = size_t(1) << 30;
+uint8_t* g_arena = nullptr;
+double g_bw[3] = {0, 0, 0};           // read GB/s with 1 and 2 threads
+double g_bf16_peak[3], g_fp32_peak[3];  // GFLOP/s with 1 and 2 threads
+std::unique_ptr<ThreadPool> g_pool[3];
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+uint64_t read_range(const uint8_t* p, size_t n) {
+  const uint64_t* q = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 4 <= n / 8; i += 4) a ^= q[i], b ^= q[i + 1], c ^= q[i + 2], d ^= q[i + 3];
+  return a ^ b ^ c ^ d;
+}
+
+double measure_bandwidth(ThreadPool& pool) {
+  double best = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    std::atomic<uint64_t> sink{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(int64_t(kArena), 1 << 20, [&](int64_t b, int64_t e, int) { sink ^= read_range(g_arena + b, size_t(e - b)); });
+    best = std::max(best, double(kArena) / seconds_since(t0) / 1e9);
+    benchmark::DoNotOptimize(sink.load());
+  }
+  return best;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) double bf16_peak_thread(int64_t iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(float(i));
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  return s;
+}
+
+__attribute__((target("avx512f,fma"))) double fp32_peak_thread(int64_t iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(float(i));
+  const __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-9f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  return s;
+}
+
+// GFLOP/s of `flops_per_iter * iters` per thread, best of 3.
+template <class F>
+double measure_peak(ThreadPool& pool, double flops_per_iter, F f) {
+  const int64_t iters = 20'000'000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::atomic<double> sink{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(pool.size(), 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) sink = sink + f(iters);
+    });
+    best = std::max(best, flops_per_iter * double(iters) * pool.size() / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+void init_globals() {
+  g_arena = static_cast<uint8_t*>(std::aligned_alloc(64, kArena));
+  std::mt19937_64 g(1);
+  for (size_t i = 0; i < kArena; i += 8) {
+    uint64_t v = g();
+    // Realistic codes: no E4M3 NaN (0x7f / 0xff) and no E8M0 NaN (0xff) anywhere.
+    for (int b = 0; b < 8; ++b) {
+      uint8_t c = uint8_t(v >> (8 * b));
+      if ((c & 0x7f) == 0x7f) c = uint8_t(c - 1);
+      g_arena[i + size_t(b)] = c;
+    }
+  }
+  for (int t = 1; t <= 2; ++t) {
+    g_pool[t] = std::make_unique<ThreadPool>(t);
+    g_bw[t] = measure_bandwidth(*g_pool[t]);
+    const bool bf16 = kern::isa_supported(kern::Isa::Avx512);
+    g_bf16_peak[t] = bf16 ? measure_peak(*g_pool[t], 16.0 * 64, bf16_peak_thread) : 0;
+    g_fp32_peak[t] = bf16 ? measure_peak(*g_pool[t], 16.0 * 32, fp32_peak_thread) : 0;
+    std::printf("threads %d: read bandwidth %.1f GB/s, bf16 dot peak %.0f GFLOP/s, fp32 FMA peak %.0f GFLOP/s\n", t,
+                g_bw[t], g_bf16_peak[t], g_fp32_peak[t]);
+  }
+  std::printf("kernel path: %s\n", kern::isa_name(kern::active_isa()));
+}
+
+// Scale codes near 2^0 so the outputs stay finite.
+uint8_t* scales_region(size_t bytes) {
+  static std::vector<uint8_t> s;
+  if (s.size() < bytes) {
+    s.resize(bytes);
+    for (size_t i = 0; i < bytes; ++i) s[i] = uint8_t(120 + i % 8);
+  }
+  return s.data();
+}
+
+std::vector<float> activations(int64_t n) {
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = round_bf16(nd(g));
+  return x;
+}
+
+template <bool Fp4>
+void BM_linear(benchmark::State& state) {
+  const int64_t m = state.range(0), N = state.range(1), K = state.range(2);
+  const int threads = int(state.range(3));
+  const size_t wbytes = size_t(Fp4 ? N * K / 2 : N * K);
+  const size_t sbytes = size_t(Fp4 ? N * (K / 32) : ((N + 31) / 32) * (K / 32));
+  const uint8_t* sc = scales_region(sbytes);
+  const auto x = activations(m * K);
+  std::vector<float> y(static_cast<size_t>(m * N));
+  const size_t slots = std::getenv("BENCH_HOT") ? 1 : std::max<size_t>(1, kArena / wbytes);
+  size_t slot = 0;
+  for (auto _ : state) {
+    const uint8_t* w = g_arena + (slot++ % slots) * wbytes;  // a fresh slice every iteration
+    if constexpr (Fp4) kern::linear_fp4(x.data(), m, {w, sc, N, K}, y.data(), g_pool[threads].get());
+    else kern::linear_fp8(x.data(), m, {w, sc, N, K}, y.data(), g_pool[threads].get());
+    benchmark::ClobberMemory();
+  }
+  const double bytes = double(wbytes + sbytes);
+  const double flops = 2.0 * double(m) * double(N) * double(K);
+  state.counters["wGB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  // Fraction of the roofline: memory for decode, the bf16 dot peak for prefill.
+  if (m <= 8) {
+    state.counters["of_bw"] = benchmark::Counter(bytes / (g_bw[threads] * 1e9), benchmark::Counter::kIsIterationInvariantRate);
+  } else if (g_bf16_peak[threads] > 0) {
+    state.counters["of_bf16_peak"] =
+        benchmark::Counter(flops / (g_bf16_peak[threads] * 1e9), benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["of_fp32_peak"] =
+        benchmark::Counter(flops / (g_fp32_peak[threads] * 1e9), benchmark::Counter::kIsIterationInvariantRate);
+  }
+  state.SetLabel(kern::isa_name(kern::active_isa()));
+}
+
+void decode_shapes(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2})
+    for (auto [n, k] : {std::pair{2304, 5120}, {5120, 2304}, {32768, 1280}, {512, 5120}}) {
+      b->Args({1, n, k, threads});
+      if (threads == 2) b->Args({8, n, k, threads});
+    }
+}
+void prefill_shapes(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2}) b->Args({512, 2304, 5120, threads});
+  b->Args({512, 5120, 2304, 2});
+}
+
+}  // namespace
+
+BENCHMARK(BM_linear<false>)->Name("linear_fp8")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_linear<true>)->Name("linear_fp4")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_linear<false>)->Name("linear_fp8")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
+BENCHMARK(BM_linear<true>)->Name("linear_fp4")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  init_globals();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

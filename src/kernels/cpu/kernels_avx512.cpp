@@ -1,0 +1,599 @@
+// AVX-512 kernels (AVX512F/BW/VL/DQ/VBMI + AVX512_BF16).
+//
+// FP8/FP4 linears: activations are act_quant'ed to E4M3 values held as bf16; weights are
+// converted chunk by chunk to bf16 (exact, by table lookup) in a "panel" of 32 output columns laid out as
+// [K pair][column] so that one vdpbf16ps accumulates one K pair for 16 columns. Every product is
+// exact; each 32-wide K block is summed in fp32 in the fixed order of vdpbf16ps (per K pair: odd
+// element, then even; pairs ascending), then x act_scale x weight_scale and accumulated over blocks
+// in K order, exactly as the reference does with its (exact) block sums. The same microkernel runs
+// for every row count, so results do not depend on m, on the thread count, or on the chunking.
+//
+// bf16 / fp32 / FP8-dequant linears: exact products summed in fp64 (8 lanes + tail), rounded once
+// to fp32. Attention: the reference's order (sequential fp64 dots, fp64 P.V per channel).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/dtypes.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/kernels_internal.h"
+
+#pragma GCC push_options
+// GCC 12 warns about the deliberately undefined halves inside its own AVX-512 intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma,f16c")
+
+namespace di::kern::avx512 {
+namespace {
+
+constexpr int kPanel = 32;        // output columns per panel: two zmm of 16 lanes
+constexpr int kChunkBlocks = 8;   // K blocks per packed chunk: 8 x 16 pairs x 32 columns x 4 B = 16 KB
+constexpr int kRowTile = 6;       // rows per microkernel call: 12 block accumulators + 12 totals
+
+template <class F>
+void run(ThreadPool* pool, int64_t n, int64_t grain, F&& f) {
+  if (pool && pool->size() > 1 && n > grain) pool->parallel_for(n, grain, f);
+  else if (n > 0) f(int64_t(0), n, 0);
+}
+
+inline float pow2_ceil_bits(float t) {
+  uint32_t b;
+  std::memcpy(&b, &t, 4);
+  const int ceil_log2 = int((b >> 23) & 0xff) - 127 + ((b & 0x7fffff) != 0);
+  const uint32_t r = uint32_t(ceil_log2 + 127) << 23;
+  float s;
+  std::memcpy(&s, &r, 4);
+  return s;
+}
+
+// act_quant of one 32-block, bit for bit: returns the 32 E4M3 values as bf16, and the scale.
+inline __m512i quant_block32(const float* x, float* scale) {
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  // std::max(amax, |x|) ignores a NaN |x|; max_ps returns its second operand when one is NaN.
+  __m512 mx = _mm512_max_ps(_mm512_and_ps(v0, absm), _mm512_set1_ps(1e-4f));
+  mx = _mm512_max_ps(_mm512_and_ps(v1, absm), mx);
+  const float s = pow2_ceil_bits(_mm512_reduce_max_ps(mx) * (1.0f / 448.0f));
+  *scale = s;
+  const __m512 sv = _mm512_set1_ps(s);
+  __m512 out[2];
+  const __m512 vs[2] = {v0, v1};
+  for (int h = 0; h < 2; ++h) {
+    // std::clamp keeps NaN; min/max_ps return the second operand for NaN.
+    __m512 q = _mm512_div_ps(vs[h], sv);
+    q = _mm512_min_ps(_mm512_set1_ps(448.f), _mm512_max_ps(_mm512_set1_ps(-448.f), q));
+    const __m512i bits = _mm512_castps_si512(q);
+    const __m512i sign = _mm512_and_si512(bits, _mm512_set1_epi32(int(0x80000000u)));
+    const __m512i ab = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    // Normal E4M3 range: round the fp32 mantissa to 3 bits, ties to even.
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(ab, 20), _mm512_set1_epi32(1));
+    const __m512i rn = _mm512_and_si512(_mm512_add_epi32(ab, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff), lsb)),
+                                        _mm512_set1_epi32(int(0xfff00000u)));
+    // Below 2^-6: multiples of 2^-9, ties to even.
+    const __m512 af = _mm512_castsi512_ps(ab);
+    const __m512 sub = _mm512_roundscale_ps(af, (9 << 4) | _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 small = _mm512_cmp_ps_mask(af, _mm512_set1_ps(0x1p-6f), _CMP_LT_OQ);
+    __m512i r = _mm512_mask_mov_epi32(rn, small, _mm512_castps_si512(sub));
+    r = _mm512_or_si512(r, sign);
+    const __mmask16 nan = _mm512_cmp_ps_mask(q, q, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, bits);
+    out[h] = _mm512_castsi512_ps(r);
+  }
+  return (__m512i)_mm512_cvtne2ps_pbh(out[1], out[0]);
+}
+
+// In-register transpose of 16 rows x 16 dwords.
+__attribute__((always_inline)) inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  __m512i s[16];
+  for (int g = 0; g < 4; ++g) {
+    s[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    s[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    s[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    s[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  // s[4g + c], 128-bit lane L = column 4L + c of rows 4g..4g+3.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x0 = _mm512_shuffle_i32x4(s[c], s[4 + c], 0x44);
+    const __m512i x1 = _mm512_shuffle_i32x4(s[c], s[4 + c], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(s[8 + c], s[12 + c], 0x44);
+    const __m512i x3 = _mm512_shuffle_i32x4(s[8 + c], s[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+  }
+}
+
+// E8M0 codes (low byte of each dword) -> 2^(c-127): the code is the fp32 exponent field, except
+// 0 (2^-127, a denormal) and 255 (NaN).
+inline __m512 e8m0_ps(__m512i codes) {
+  const __m512i c = _mm512_and_si512(codes, _mm512_set1_epi32(0xff));
+  __m512i b = _mm512_slli_epi32(c, 23);
+  b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+  b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xff)), _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(b);
+}
+
+// Mask of the first `bytes` bytes of a 64-byte load (rows end inside the last chunk).
+inline __mmask64 first_bytes(int64_t bytes) { return bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1; }
+
+// E4M3 -> bf16 by two 128-entry byte tables (low and high byte of the bf16, indexed by the 7-bit
+// magnitude); the sign bit is or'ed into the high byte. Exact, NaN codes give NaN.
+struct Fp8Lut {
+  __m512i lo0, lo1, hi0, hi1;
+  Fp8Lut() {
+    alignas(64) uint8_t lo[128], hi[128];
+    for (int c = 0; c < 128; ++c) {
+      const uint16_t b = f32_to_bf16(e4m3_to_f32(uint8_t(c)));  // exact
+      lo[c] = uint8_t(b & 0xff);
+      hi[c] = uint8_t(b >> 8);
+    }
+    lo0 = _mm512_load_si512(lo), lo1 = _mm512_load_si512(lo + 64);
+    hi0 = _mm512_load_si512(hi), hi1 = _mm512_load_si512(hi + 64);
+  }
+};
+
+// Packs FP8 rows [n0, n0 + nvalid) x blocks [kb0, kb1) into dst[(kb - kb0) * 16 + pair][32 columns].
+// Per row, 64 bytes (two blocks) are converted with the tables; the in-lane interleave of
+// unpacklo/hi leaves pair p of the two blocks at dword 4*(p/8) + p%4 of A (p%8 < 4) or of B.
+void pack_fp8(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, int64_t kb1, const Fp8Lut& t,
+              uint32_t* dst) {
+  const __m512i sign = _mm512_set1_epi32(int(0x80808080u));
+  for (int g = 0; g < 2; ++g) {
+    for (int64_t kb = kb0; kb < kb1; kb += 2) {
+      const __mmask64 mask = first_bytes((kb1 - kb) * 32);
+      __m512i A[16], B[16];
+      for (int i = 0; i < 16; ++i) {
+        const int n = g * 16 + i;
+        if (n >= nvalid) {
+          A[i] = B[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint8_t* row = w + (n0 + n) * K + kb * 32;
+        // 32 rows are streamed a few lines at a time: too many streams for the hardware
+        // prefetcher to run ahead, so fetch the next chunk of each row explicitly.
+        _mm_prefetch(reinterpret_cast<const char*>(row + kChunkBlocks * 32), _MM_HINT_T0);
+        const __m512i b = _mm512_maskz_loadu_epi8(mask, row);
+        const __m512i lo = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, sign, 0xF8);
+        A[i] = _mm512_unpacklo_epi8(lo, hi);
+        B[i] = _mm512_unpackhi_epi8(lo, hi);
+      }
+      transpose16(A);
+      transpose16(B);
+      const int pairs = int(std::min<int64_t>(2, kb1 - kb)) * 16;
+      uint32_t* d = dst + (kb - kb0) * 16 * kPanel + g * 16;
+      for (int q = 0; q < 16; ++q) {
+        const int pa = 8 * (q / 4) + q % 4, pb = pa + 4;
+        if (pa < pairs) _mm512_store_si512(d + pa * kPanel, A[q]);
+        if (pb < pairs) _mm512_store_si512(d + pb * kPanel, B[q]);
+      }
+    }
+  }
+}
+
+// Packs FP4 rows: per 16 rows, 64 bytes each (four blocks, one byte = one K pair) are transposed
+// as bytes (4 unpack rounds: register = pair within the 128-bit lane, byte = row), then every
+// 16-row byte vector becomes 16 dwords of two bf16 via one 32-entry word table.
+void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, int64_t kb1, __m512i table,
+              uint32_t* dst) {
+  const int64_t row_bytes = K / 2;
+  alignas(64) uint8_t tb[16 * 64];
+  for (int g = 0; g < 2; ++g) {
+    for (int64_t kb = kb0; kb < kb1; kb += 4) {
+      const __mmask64 mask = first_bytes((kb1 - kb) * 16);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const int n = g * 16 + i;
+        if (n >= nvalid) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint8_t* row = w + (n0 + n) * row_bytes + kb * 16;
+        _mm_prefetch(reinterpret_cast<const char*>(row + kChunkBlocks * 16), _MM_HINT_T0);
+        r[i] = _mm512_maskz_loadu_epi8(mask, row);
+      }
+      for (int round = 0; round < 4; ++round) {
+        __m512i o[16];
+        for (int i = 0; i < 8; ++i) {
+          o[2 * i] = _mm512_unpacklo_epi8(r[i], r[i + 8]);
+          o[2 * i + 1] = _mm512_unpackhi_epi8(r[i], r[i + 8]);
+        }
+        for (int i = 0; i < 16; ++i) r[i] = o[i];
+      }
+      for (int c = 0; c < 16; ++c) _mm512_store_si512(tb + c * 64, r[c]);
+      const int nb = int(std::min<int64_t>(4, kb1 - kb));
+      for (int L = 0; L < nb; ++L)
+        for (int c = 0; c < 16; ++c) {
+          // dword = byte b: low word indexes with b (the table ignores bit 4), high word with b >> 4.
+          const __m512i x = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(tb + c * 64 + L * 16)));
+          const __m512i v = _mm512_permutexvar_epi16(_mm512_or_si512(x, _mm512_slli_epi32(x, 12)), table);
+          _mm512_store_si512(dst + ((kb - kb0 + L) * 16 + c) * kPanel + g * 16, v);
+        }
+    }
+  }
+}
+
+// bf16 of the 16 E2M1 codes, repeated for indices 16..31 (bit 4 of the index is the neighbour's).
+__m512i e2m1_table() {
+  alignas(64) uint16_t t[32];
+  for (int i = 0; i < 32; ++i) t[i] = f32_to_bf16(e2m1_to_f32(uint8_t(i & 15)));  // exact
+  return _mm512_load_si512(t);
+}
+
+inline __m512bh bcast_pair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return (__m512bh)_mm512_set1_epi32(v);
+}
+
+// Totals T[R][32] += per block: (block sum of the pair products) x act_scale x weight_scale.
+template <int R>
+inline void micro(const uint16_t* xq, int64_t ldx, const float* sa, int64_t lds, const uint32_t* panel,
+                  const float* sw, int nb, float* T) {
+  __m512 t0[R], t1[R];
+  for (int r = 0; r < R; ++r) {
+    t0[r] = _mm512_loadu_ps(T + r * kPanel);
+    t1[r] = _mm512_loadu_ps(T + r * kPanel + 16);
+  }
+  for (int b = 0; b < nb; ++b) {
+    __m512 p0[R], p1[R];
+    for (int r = 0; r < R; ++r) p0[r] = p1[r] = _mm512_setzero_ps();
+    const uint32_t* pw = panel + b * 16 * kPanel;
+    const uint16_t* xb = xq + b * 32;
+    for (int j = 0; j < 16; ++j) {
+      const __m512bh w0 = (__m512bh)_mm512_load_si512(pw + j * kPanel);
+      const __m512bh w1 = (__m512bh)_mm512_load_si512(pw + j * kPanel + 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xv = bcast_pair(xb + r * ldx + 2 * j);
+        p0[r] = _mm512_dpbf16_ps(p0[r], w0, xv);
+        p1[r] = _mm512_dpbf16_ps(p1[r], w1, xv);
+      }
+    }
+    const __m512 s0 = _mm512_loadu_ps(sw + b * kPanel), s1 = _mm512_loadu_ps(sw + b * kPanel + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(sa[r * lds + b]);
+      t0[r] = _mm512_add_ps(t0[r], _mm512_mul_ps(_mm512_mul_ps(p0[r], a), s0));
+      t1[r] = _mm512_add_ps(t1[r], _mm512_mul_ps(_mm512_mul_ps(p1[r], a), s1));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(T + r * kPanel, t0[r]);
+    _mm512_storeu_ps(T + r * kPanel + 16, t1[r]);
+  }
+}
+
+inline void micro_rows(int R, const uint16_t* xq, int64_t ldx, const float* sa, int64_t lds, const uint32_t* panel,
+                       const float* sw, int nb, float* T) {
+  switch (R) {
+    case 1: micro<1>(xq, ldx, sa, lds, panel, sw, nb, T); break;
+    case 2: micro<2>(xq, ldx, sa, lds, panel, sw, nb, T); break;
+    case 3: micro<3>(xq, ldx, sa, lds, panel, sw, nb, T); break;
+    case 4: micro<4>(xq, ldx, sa, lds, panel, sw, nb, T); break;
+    case 5: micro<5>(xq, ldx, sa, lds, panel, sw, nb, T); break;
+    default: micro<6>(xq, ldx, sa, lds, panel, sw, nb, T); break;
+  }
+}
+
+// fp32 -> bf16 -> fp32, round to nearest even, NaN kept quiet (as di::round_bf16), denormals kept.
+inline __m512 round_bf16_ps(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)),
+                               _mm512_set1_epi32(int(0xffff0000u)));
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(int(0xffff0000u))),
+                                                    _mm512_set1_epi32(0x00400000)));
+  return _mm512_castsi512_ps(r);
+}
+
+struct ActScratch {
+  std::vector<uint16_t> xq;  // [m][K] E4M3 values as bf16
+  std::vector<float> sa;     // [m][K/32]
+};
+
+void quantize_rows(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPool* pool) {
+  const int64_t nkb = K / 32;
+  if (int64_t(s.xq.size()) < m * K) s.xq.resize(size_t(m * K));
+  if (int64_t(s.sa.size()) < m * nkb) s.sa.resize(size_t(m * nkb));
+  uint16_t* xq = s.xq.data();
+  float* sa = s.sa.data();
+  auto body = [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t kb = 0; kb < nkb; ++kb)
+        _mm512_storeu_si512(xq + r * K + kb * 32, quant_block32(x + r * K + kb * 32, sa + r * nkb + kb));
+  };
+  run(m >= 16 ? pool : nullptr, m, 1, body);
+}
+
+// The shared FP8/FP4 driver. row_block(n, kb) converts 32 weights of row n; block_scale(n, kb)
+// gives its fp32 weight scale.
+// pack(n0, nvalid, kb0, kb1, panel) converts the panel's weights; scales(n0, nvalid, kb0, kb1, sw)
+// writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
+template <class Pack, class Scales>
+void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales scales, float* y,
+              ThreadPool* pool) {
+  thread_local ActScratch act;
+  quantize_rows(x, m, K, act, pool);
+  const uint16_t* xq = act.xq.data();
+  const float* sa = act.sa.data();
+  const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel;
+  run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
+    alignas(64) static thread_local uint32_t panel[kChunkBlocks * 16 * kPanel];
+    alignas(64) static thread_local float sw[kChunkBlocks * kPanel];
+    thread_local std::vector<float> totals;
+    if (int64_t(totals.size()) < m * kPanel) totals.resize(size_t(m * kPanel));
+    float* T = totals.data();
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kPanel;
+      const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
+      std::fill(T, T + m * kPanel, 0.f);
+      for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunkBlocks) {
+        const int64_t kb1 = std::min(nkb, kb0 + kChunkBlocks);
+        pack(n0, nvalid, kb0, kb1, panel);
+        scales(n0, nvalid, kb0, kb1, sw);
+        for (int64_t r0 = 0; r0 < m; r0 += kRowTile)
+          micro_rows(int(std::min<int64_t>(kRowTile, m - r0)), xq + r0 * K + kb0 * 32, K, sa + r0 * nkb + kb0, nkb,
+                     panel, sw, int(kb1 - kb0), T + r0 * kPanel);
+      }
+      const __mmask16 k0 = __mmask16(nvalid >= 16 ? 0xffff : (1u << nvalid) - 1);
+      const __mmask16 k1 = __mmask16(nvalid <= 16 ? 0 : nvalid >= 32 ? 0xffff : (1u << (nvalid - 16)) - 1);
+      const bool round = !detail::unrounded_quant_output;
+      for (int64_t r = 0; r < m; ++r) {
+        const __m512 t0 = _mm512_loadu_ps(T + r * kPanel), t1 = _mm512_loadu_ps(T + r * kPanel + 16);
+        _mm512_mask_storeu_ps(y + r * N + n0, k0, round ? round_bf16_ps(t0) : t0);
+        _mm512_mask_storeu_ps(y + r * N + n0 + 16, k1, round ? round_bf16_ps(t1) : t1);
+      }
+    }
+  });
+}
+
+// ---- fp64-accumulated linears ----
+
+inline __m512d bf16x8_pd(const uint16_t* p) {
+  const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+  return _mm512_cvtps_pd(_mm256_castsi256_ps(u));
+}
+
+// E4M3 x 8 -> fp32 x 8 (exact), via fp16 (value x 2^-8) then x 256.
+inline __m256 e4m3x8_ps(const uint8_t* p) {
+  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(0x3f80)),
+                           _mm_and_si128(_mm_slli_epi16(b, 8), _mm_set1_epi16(int16_t(0x8000))));
+  const __mmask8 nan = _mm_cmpeq_epi16_mask(_mm_and_si128(b, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+  h = _mm_mask_mov_epi16(h, nan, _mm_set1_epi16(0x7e00));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+}
+
+// sum_k x[k] * w(k) in fp64 with a fixed lane order; w8(k) gives 8 weights as doubles, w1(k) one.
+template <class W8, class W1>
+inline float dot_f64(const float* x, int64_t K, W8&& w8, W1&& w1) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd(), a2 = _mm512_setzero_pd(), a3 = _mm512_setzero_pd();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), w8(k), a0);
+    a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k + 8)), w8(k + 8), a1);
+    a2 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k + 16)), w8(k + 16), a2);
+    a3 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k + 24)), w8(k + 24), a3);
+  }
+  for (; k + 8 <= K; k += 8) a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), w8(k), a0);
+  double tail = 0;
+  for (; k < K; ++k) tail += double(x[k]) * w1(k);
+  return float(_mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3))) + tail);
+}
+
+// y[r, n] = out(dot(x_r, w_n)) with columns split over threads; a tile of columns stays in cache
+// while all rows pass over it.
+template <class Dot>
+void linear_f64(int64_t m, int64_t N, int64_t K, Dot&& dot, float* y, ThreadPool* pool) {
+  const int64_t tile = std::max<int64_t>(1, std::min<int64_t>(64, (256 << 10) / std::max<int64_t>(1, K * 2)));
+  run(pool, N, 16, [&](int64_t n0, int64_t n1, int) {
+    for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+      const int64_t t1 = std::min(n1, t0 + tile);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t n = t0; n < t1; ++n) y[r * N + n] = dot(r, n);
+    }
+  });
+}
+
+}  // namespace
+
+void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  static const Fp8Lut lut;
+  const float* e8 = detail::e8m0_table();
+  const int64_t K = w.in, nkb = K / 32;
+  linear_q(
+      x, m, K, w.out,
+      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) { pack_fp8(w.w, K, n0, nvalid, kb0, kb1, lut, dst); },
+      [&](int64_t n0, int, int64_t kb0, int64_t kb1, float* sw) {  // one scale per 32 x 32 block
+        for (int64_t kb = kb0; kb < kb1; ++kb) {
+          const __m512 v = _mm512_set1_ps(e8[w.scale[(n0 / 32) * nkb + kb]]);
+          _mm512_store_ps(sw + (kb - kb0) * kPanel, v);
+          _mm512_store_ps(sw + (kb - kb0) * kPanel + 16, v);
+        }
+      },
+      y, pool);
+}
+
+void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
+  const int64_t K = w.in, nkb = K / 32;
+  const __m512i table = e2m1_table();
+  linear_q(
+      x, m, K, w.out,
+      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) { pack_fp4(w.w, K, n0, nvalid, kb0, kb1, table, dst); },
+      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* sw) {  // one scale per row and block
+        const __m512i lane = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                _mm512_set1_epi32(int(nkb)));
+        for (int g = 0; g < 2; ++g) {
+          const int rows = std::clamp(nvalid - g * 16, 0, 16);
+          const __mmask16 valid = __mmask16(rows >= 16 ? 0xffff : (1u << rows) - 1);
+          for (int64_t kb = kb0; kb < kb1; ++kb) {
+            const uint8_t* base = w.scale + (n0 + g * 16) * nkb + kb;
+            // 1-byte gathers as dword gathers at byte addresses: only the low byte is used.
+            const __m512i codes = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, lane, base, 1);
+            _mm512_store_ps(sw + (kb - kb0) * kPanel + g * 16, _mm512_maskz_mov_ps(valid, e8m0_ps(codes)));
+          }
+        }
+      },
+      y, pool);
+}
+
+void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
+  const int64_t K = w.in;
+  linear_f64(
+      m, w.out, K,
+      [&](int64_t r, int64_t n) {
+        const uint16_t* wr = w.w + n * K;
+        const float v = dot_f64(
+            x + r * K, K, [&](int64_t k) { return bf16x8_pd(wr + k); },
+            [&](int64_t k) { return double(bits_f32(uint32_t(wr[k]) << 16)); });
+        return round_out ? round_bf16(v) : v;
+      },
+      y, pool);
+}
+
+void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
+  const int64_t K = w.in;
+  linear_f64(
+      m, w.out, K,
+      [&](int64_t r, int64_t n) {
+        const float* wr = w.w + n * K;
+        return dot_f64(
+            x + r * K, K, [&](int64_t k) { return _mm512_cvtps_pd(_mm256_loadu_ps(wr + k)); },
+            [&](int64_t k) { return double(wr[k]); });
+      },
+      y, pool);
+}
+
+void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  const float* e8 = detail::e8m0_table();
+  const int64_t K = w.in, nkb = (K + 31) / 32;
+  linear_f64(
+      m, w.out, K,
+      [&](int64_t r, int64_t n) {
+        const uint8_t* wr = w.w + n * K;
+        const uint8_t* sr = w.scale + (n / 32) * nkb;
+        // The reference's weight is the fp32 product e4m3 x scale.
+        const float v = dot_f64(
+            x + r * K, K,
+            [&](int64_t k) { return _mm512_cvtps_pd(_mm256_mul_ps(e4m3x8_ps(wr + k), _mm256_set1_ps(e8[sr[k / 32]]))); },
+            [&](int64_t k) { return double(e4m3_to_f32(wr[k]) * e8[sr[k / 32]]); });
+        return round_bf16(v);
+      },
+      y, pool);
+}
+
+void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                      const float* attn_sink, float softmax_scale, float* out) {
+  constexpr int64_t kChunk = 64;
+  const int H = n_heads;
+  thread_local std::vector<double> kvT, part;
+  thread_local std::vector<float> score, acc, zero_row, running_max, denom;
+  if (kvT.size() < size_t(d) * 8) kvT.resize(size_t(d) * 8);
+  if (part.size() < size_t(d)) part.resize(size_t(d));
+  if (score.size() < size_t(H) * kChunk) score.resize(size_t(H) * kChunk);
+  if (acc.size() < size_t(H) * d) acc.resize(size_t(H) * d);
+  if (zero_row.size() < size_t(d)) zero_row.assign(size_t(d), 0.f);
+  if (running_max.size() < size_t(H)) running_max.resize(size_t(H)), denom.resize(size_t(H));
+  std::fill(acc.begin(), acc.begin() + int64_t(H) * d, 0.f);
+  std::fill(running_max.begin(), running_max.begin() + H, -1e30f);
+  std::fill(denom.begin(), denom.begin() + H, 0.f);
+  double* kt = kvT.data();
+  for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
+    const int64_t c1 = std::min(n_rows, c0 + kChunk);
+    // Scores: 8 rows per lane group, each lane a sequential fp64 dot over d (the reference's order).
+    for (int64_t g0 = c0; g0 < c1; g0 += 8) {
+      const int ng = int(std::min<int64_t>(8, c1 - g0));
+      alignas(64) int64_t addr[8];
+      for (int l = 0; l < 8; ++l) {
+        const float* row = l < ng && kv_rows[g0 + l] ? kv_rows[g0 + l] : zero_row.data();
+        addr[l] = int64_t(reinterpret_cast<uintptr_t>(row));
+      }
+      __m512i va = _mm512_load_si512(addr);
+      for (int i = 0; i < d; ++i) {
+        _mm512_store_pd(kt + int64_t(i) * 8, _mm512_cvtps_pd(_mm512_i64gather_ps(va, nullptr, 1)));
+        va = _mm512_add_epi64(va, _mm512_set1_epi64(4));
+      }
+      for (int h0 = 0; h0 < H; h0 += 8) {
+        const int nh = std::min(8, H - h0);
+        __m512d a[8];
+        for (int hh = 0; hh < 8; ++hh) a[hh] = _mm512_setzero_pd();
+        const float* qh = q + int64_t(h0) * d;
+        if (nh == 8) {
+          for (int i = 0; i < d; ++i) {
+            const __m512d kv = _mm512_load_pd(kt + int64_t(i) * 8);
+            for (int hh = 0; hh < 8; ++hh) a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(double(qh[int64_t(hh) * d + i])), kv, a[hh]);
+          }
+        } else {
+          for (int i = 0; i < d; ++i) {
+            const __m512d kv = _mm512_load_pd(kt + int64_t(i) * 8);
+            for (int hh = 0; hh < nh; ++hh)
+              a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(double(qh[int64_t(hh) * d + i])), kv, a[hh]);
+          }
+        }
+        for (int hh = 0; hh < nh; ++hh) {
+          alignas(64) double dots[8];
+          _mm512_store_pd(dots, a[hh]);
+          for (int l = 0; l < ng; ++l)
+            score[size_t(h0 + hh) * kChunk + size_t(g0 - c0 + l)] =
+                kv_rows[g0 + l] ? float(dots[l]) * softmax_scale : -INFINITY;
+        }
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      const float* sc = score.data() + size_t(h) * kChunk;
+      float chunk_max = -INFINITY;
+      for (int64_t j = 0; j < c1 - c0; ++j) chunk_max = std::max(chunk_max, sc[j]);
+      const float new_max = std::max(running_max[size_t(h)], chunk_max);
+      const float rescale = std::exp(running_max[size_t(h)] - new_max);
+      double psum = 0;
+      double* pt = part.data();
+      std::fill(pt, pt + d, 0.0);
+      for (int64_t j = c0; j < c1; ++j) {
+        const float p = std::exp(sc[j - c0] - new_max);
+        psum += p;
+        if (!kv_rows[j]) continue;
+        const __m512d pb = _mm512_set1_pd(double(round_bf16(p)));
+        const float* kv = kv_rows[j];
+        int i = 0;
+        for (; i + 8 <= d; i += 8)
+          _mm512_storeu_pd(pt + i, _mm512_fmadd_pd(pb, _mm512_cvtps_pd(_mm256_loadu_ps(kv + i)), _mm512_loadu_pd(pt + i)));
+        for (; i < d; ++i) pt[i] += double(round_bf16(p)) * kv[i];
+      }
+      denom[size_t(h)] = denom[size_t(h)] * rescale + float(psum);
+      float* ah = acc.data() + size_t(h) * d;
+      const __m512 rs = _mm512_set1_ps(rescale);
+      int i = 0;
+      for (; i + 16 <= d; i += 16) {
+        const __m512 pf = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_loadu_pd(pt + i))),
+                                             _mm512_cvtpd_ps(_mm512_loadu_pd(pt + i + 8)), 1);
+        _mm512_storeu_ps(ah + i, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(ah + i), rs), pf));
+      }
+      for (; i < d; ++i) ah[i] = ah[i] * rescale + float(pt[i]);
+      running_max[size_t(h)] = new_max;
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const float dn = denom[size_t(h)] + std::exp(attn_sink[h] - running_max[size_t(h)]);
+    const float* ah = acc.data() + size_t(h) * d;
+    float* oh = out + int64_t(h) * d;
+    int i = 0;
+    for (; i + 16 <= d; i += 16)
+      _mm512_storeu_ps(oh + i, round_bf16_ps(_mm512_div_ps(_mm512_loadu_ps(ah + i), _mm512_set1_ps(dn))));
+    for (; i < d; ++i) oh[i] = round_bf16(ah[i] / dn);
+  }
+}
+
+}  // namespace di::kern::avx512
+
+#pragma GCC pop_options

@@ -1,0 +1,39 @@
+// Per-ISA entry points behind the dispatch in kernels.cpp. Each ISA lives in its own file, compiled
+// for that ISA with `#pragma GCC target` placed after all includes, so that no inline function of a
+// shared header is emitted with wider instructions than the baseline (the linker could otherwise
+// keep that copy for the whole program).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/ref_ops.h"
+
+namespace di {
+class ThreadPool;
+}
+
+namespace di::kern::detail {
+
+// E8M0 code -> fp32 (2^(code-127); 255 = NaN), a table shared by all ISAs.
+const float* e8m0_table();
+
+// Test hook: when set, linear_fp8/fp4 of the AVX2/AVX-512 paths write their fp32 totals without
+// the final bf16 rounding, so tests can compare summation orders bit for bit (a wrong order
+// rarely changes a bf16 output). Never set outside tests.
+extern bool unrounded_quant_output;
+
+}  // namespace di::kern::detail
+
+#define DI_KERN_DECLARE_ISA(ns)                                                                                   \
+  namespace di::kern::ns {                                                                                        \
+  void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool);               \
+  void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool);               \
+  void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool); \
+  void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool);               \
+  void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool);       \
+  void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,         \
+                        const float* attn_sink, float softmax_scale, float* out);                                \
+  }
+
+DI_KERN_DECLARE_ISA(avx512)
+DI_KERN_DECLARE_ISA(avx2)

@@ -1,0 +1,405 @@
+// Op-by-op tests of the optimized kernels against the scalar reference (in the spirit of
+// llama.cpp's test-backend-ops): every kernel, every ISA this CPU supports, random shapes with
+// ragged edges, realistic and extreme values, and thread-count / batching invariance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "core/dtypes.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/kernels_internal.h"
+
+using namespace di;
+
+namespace {
+
+std::vector<kern::Isa> isas() {
+  std::vector<kern::Isa> v;
+  for (kern::Isa i : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512})
+    if (kern::isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+struct IsaGuard {
+  kern::Isa saved = kern::active_isa();
+  ~IsaGuard() { kern::set_isa(saved); }
+};
+
+// Activations: per 32-block a random magnitude (so block scales vary), some zero blocks, some
+// blocks below the 1e-4 amax floor, bf16-valued like the model's.
+std::vector<float> make_activations(std::mt19937& g, int64_t n, bool extreme) {
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> e(extreme ? -30 : -6, extreme ? 30 : 6);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n; b += 32) {
+    const int kind = int(g() % 16);
+    const float mag = std::ldexp(1.f, e(g));
+    for (int64_t i = b; i < std::min(n, b + 32); ++i) {
+      float v = nd(g) * mag;
+      if (kind == 0) v = 0.f;                       // all-zero block
+      if (kind == 1) v *= 1e-7f;                    // below the amax floor: tiny subnormal E4M3 codes
+      if (kind == 2 && i == b) v = 1e4f * mag;      // one outlier: the rest quantize to tiny codes
+      // Wide dynamic range inside the block (log-uniform over 2^-16..1): the block's fp32 partial
+      // sums round, so any change of the summation order shows up (AVX2 vs AVX-512 check).
+      if (extreme && kind >= 3 && kind < 10) v = std::ldexp(v > 0 ? 1.f : -1.f, -int(g() % 25)) * mag * (1 + float(g() % 8) / 8);
+      // Spikes next to the smallest E4M3 codes: partial sums above 2^14 drop 2^-10 products.
+      if (extreme && kind >= 10 && kind < 13) v = (i % 2 ? 0x1p-17f : 1.f) * mag * (v > 0 ? 1.f : -1.f);
+      x[size_t(i)] = round_bf16(v);
+    }
+  }
+  return x;
+}
+
+uint8_t random_e4m3(std::mt19937& g, bool extreme) {
+  for (;;) {
+    uint8_t c = uint8_t(g());
+    if ((c & 0x7f) == 0x7f) continue;  // NaN codes do not occur in checkpoints
+    if (extreme) {
+      const int k = int(g() % 8);
+      if (k == 0) c = uint8_t((c & 0x80) | (g() % 8));  // zero / subnormal
+      if (k == 1) c = uint8_t((c & 0x80) | 0x7e);       // +-448
+    }
+    return c;
+  }
+}
+
+uint8_t random_scale(std::mt19937& g, bool extreme) {
+  if (!extreme) return uint8_t(118 + g() % 12);
+  const int k = int(g() % 4);
+  if (k == 0) return uint8_t(g() % 8);          // 2^-127 .. 2^-120 (fp32 denormal scales)
+  if (k == 1) return uint8_t(240 + g() % 15);   // up to 2^127
+  return uint8_t(100 + g() % 50);
+}
+
+// The reference's value before its final bf16 rounding (same arithmetic as ref::linear_fp8/fp4).
+float ref_block_acc(const float* x, int64_t K, const std::function<float(int64_t)>& wval,
+                    const std::function<float(int64_t)>& wscale) {
+  const int64_t nkb = (K + 31) / 32;
+  std::vector<uint8_t> codes(static_cast<size_t>(K));
+  std::vector<float> s(static_cast<size_t>(nkb));
+  act_quant_fp8(x, K, codes.data(), s.data(), 32);
+  float acc = 0.f;
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    double part = 0;
+    for (int64_t k = kb * 32; k < std::min(K, kb * 32 + 32); ++k) part += double(e4m3_to_f32(codes[size_t(k)])) * wval(k);
+    acc += float(part) * s[size_t(kb)] * wscale(kb);
+  }
+  return acc;
+}
+
+uint32_t bits(float f) { return f32_bits(f); }
+
+struct Mismatch {
+  int64_t total = 0, differ = 0;
+};
+
+// got vs ref (both bf16 values): equal, or one bf16 ulp apart with the exact value `acc` within a
+// few fp32 ulps of the midpoint between the two (a near tie that fp32 block sums may flip).
+void check_bf16_out(const float* got, const float* want, const float* acc, int64_t n, Mismatch& mm, const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    ++mm.total;
+    if (bits(got[i]) == bits(want[i]) || (std::isnan(got[i]) && std::isnan(want[i]))) continue;
+    ++mm.differ;
+    const uint32_t a = bits(got[i]), b = bits(want[i]);
+    ASSERT_EQ(a >> 31, b >> 31) << what << " element " << i << ": " << got[i] << " vs " << want[i];
+    ASSERT_EQ(std::max(a, b) - std::min(a, b), 0x10000u) << what << " element " << i << ": " << got[i] << " vs " << want[i];
+    const float mid = (got[i] + want[i]) / 2;  // exact: halfway between adjacent bf16 values
+    const float ulp = std::fabs(got[i] - want[i]);
+    ASSERT_LE(std::fabs(acc[i] - mid), ulp * 0x1p-10f)
+        << what << " element " << i << ": not a near tie (exact " << acc[i] << ", mid " << mid << ")";
+  }
+}
+
+struct Shape {
+  int64_t m, n, k;
+};
+const Shape kShapes[] = {{1, 1, 32},   {1, 33, 64},  {2, 31, 96},  {3, 64, 160}, {7, 100, 320},
+                         {1, 130, 256}, {64, 47, 128}, {129, 65, 96}, {8, 257, 512}, {5, 32, 1024}};
+
+template <class Make, class RefFn, class KernFn, class AccFn>
+void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn, AccFn acc_fn) {
+  IsaGuard guard;
+  ThreadPool pool2(2), pool3(3);
+  std::mt19937 g(1234);
+  std::vector<Mismatch> mm(3);
+  std::vector<int64_t> raw_total(3), raw_differ(3);
+  for (int rep = 0; rep < 3; ++rep)
+    for (const Shape& s : kShapes) {
+      const bool extreme = rep == 2;
+      auto w = make(g, s.n, s.k, extreme);
+      const auto x = make_activations(g, s.m * s.k, extreme);
+      std::vector<float> want(size_t(s.m * s.n)), acc(want.size());
+      ref_fn(x.data(), s.m, w, want.data());
+      for (int64_t r = 0; r < s.m; ++r)
+        for (int64_t n = 0; n < s.n; ++n) acc[size_t(r * s.n + n)] = acc_fn(x.data() + r * s.k, w, n);
+      std::vector<float> first;
+      for (kern::Isa isa : isas()) {
+        kern::set_isa(isa);
+        std::vector<float> got(want.size(), -1.f), got2(want.size(), -2.f), got3(want.size(), -3.f), rows(want.size());
+        kern_fn(x.data(), s.m, w, got.data(), nullptr);
+        kern_fn(x.data(), s.m, w, got2.data(), &pool2);
+        kern_fn(x.data(), s.m, w, got3.data(), &pool3);
+        for (int64_t r = 0; r < s.m; ++r) kern_fn(x.data() + r * s.k, 1, w, rows.data() + r * s.n, &pool2);
+        const std::string what = std::string(name) + " " + kern::isa_name(isa) + " m=" + std::to_string(s.m) +
+                                 " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " rep " + std::to_string(rep);
+        ASSERT_EQ(0, std::memcmp(got.data(), got2.data(), got.size() * 4)) << what << ": 1 vs 2 threads";
+        ASSERT_EQ(0, std::memcmp(got.data(), got3.data(), got.size() * 4)) << what << ": 1 vs 3 threads";
+        ASSERT_EQ(0, std::memcmp(got.data(), rows.data(), got.size() * 4)) << what << ": batched vs row by row";
+        if (isa == kern::Isa::Scalar) {  // the dispatch's scalar path is the reference itself
+          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << what;
+        } else {
+          check_bf16_out(got.data(), want.data(), acc.data(), int64_t(got.size()), mm[size_t(isa)], what.c_str());
+          // The fp32 totals before rounding: AVX2 and AVX-512 use the same block order, so they
+          // agree bit for bit; against the exact block sums they differ only where a block's fp32
+          // partial sums rounded.
+          std::vector<float> raw(want.size());
+          kern::detail::unrounded_quant_output = true;
+          kern_fn(x.data(), s.m, w, raw.data(), &pool2);
+          kern::detail::unrounded_quant_output = false;
+          if (!first.empty()) {
+            ASSERT_EQ(0, std::memcmp(raw.data(), first.data(), raw.size() * 4)) << what << ": avx2 vs avx512 fp32 totals";
+          }
+          first = raw;
+          for (size_t i = 0; i < raw.size(); ++i) {
+            ++raw_total[size_t(isa)];
+            if (bits(raw[i]) != bits(acc[i])) ++raw_differ[size_t(isa)];
+          }
+        }
+      }
+    }
+  for (kern::Isa isa : isas()) {
+    const Mismatch& m = mm[size_t(isa)];
+    if (isa == kern::Isa::Scalar) continue;
+    std::printf("%s %s: %lld of %lld outputs differ from the reference by one bf16 ulp (near ties); "
+                "%lld fp32 totals differ from the exact-block-sum totals\n",
+                name, kern::isa_name(isa), (long long)m.differ, (long long)m.total, (long long)raw_differ[size_t(isa)]);
+    // FP8 blocks span up to 41 bits, so the wide-range data makes some fp32 block sums round and
+    // the order check above has teeth. E4M3 x E2M1 blocks need at most ~27 bits and practically
+    // never round (0 here); FP4 shares the microkernel, so the FP8 check covers its order.
+    if (std::string(name) == "linear_fp8") {
+      EXPECT_GT(raw_differ[size_t(isa)], 0) << "the wide-range test blocks should make some fp32 block sums round";
+    }
+    EXPECT_LT(double(m.differ), 1e-3 * double(m.total)) << name << " " << kern::isa_name(isa);
+  }
+}
+
+struct Fp8W {
+  std::vector<uint8_t> w, s;
+  ref::Fp8Weight view;
+};
+Fp8W make_fp8(std::mt19937& g, int64_t n, int64_t k, bool extreme) {
+  Fp8W f;
+  f.w.resize(size_t(n * k));
+  for (auto& c : f.w) c = random_e4m3(g, extreme);
+  for (int64_t r = 0; r < n; r += 32)  // an all-zero weight block now and then
+    if (g() % 8 == 0) std::fill(f.w.begin() + r * k, f.w.begin() + r * k + std::min<int64_t>(32, k), 0);
+  f.s.resize(size_t(((n + 31) / 32) * ((k + 31) / 32)));
+  for (auto& c : f.s) c = random_scale(g, extreme);
+  f.view = {f.w.data(), f.s.data(), n, k};
+  return f;
+}
+
+struct Fp4W {
+  std::vector<uint8_t> w, s;
+  ref::Fp4Weight view;
+};
+Fp4W make_fp4(std::mt19937& g, int64_t n, int64_t k, bool extreme) {
+  Fp4W f;
+  f.w.resize(size_t(n * k / 2));
+  for (auto& c : f.w) c = uint8_t(g());
+  f.s.resize(size_t(n * (k / 32)));
+  for (auto& c : f.s) c = random_scale(g, extreme);
+  f.view = {f.w.data(), f.s.data(), n, k};
+  return f;
+}
+
+}  // namespace
+
+TEST(Kernels, IsaSelection) {
+  IsaGuard guard;
+  EXPECT_TRUE(kern::isa_supported(kern::Isa::Scalar));
+  EXPECT_TRUE(kern::isa_supported(kern::best_isa()));
+  for (kern::Isa i : isas()) {
+    kern::set_isa(i);
+    EXPECT_EQ(kern::active_isa(), i);
+  }
+  for (kern::Isa i : {kern::Isa::Avx2, kern::Isa::Avx512}) {
+    if (!kern::isa_supported(i)) {
+      EXPECT_THROW(kern::set_isa(i), std::invalid_argument);
+    }
+  }
+  std::printf("best ISA: %s; testing:", kern::isa_name(kern::best_isa()));
+  for (kern::Isa i : isas()) std::printf(" %s", kern::isa_name(i));
+  std::printf("\n");
+}
+
+TEST(Kernels, LinearFp8) {
+  run_quant_linear(
+      "linear_fp8", make_fp8,
+      [](const float* x, int64_t m, const Fp8W& w, float* y) { ref::linear_fp8(x, m, w.view, y); },
+      [](const float* x, int64_t m, const Fp8W& w, float* y, ThreadPool* p) { kern::linear_fp8(x, m, w.view, y, p); },
+      [](const float* x, const Fp8W& w, int64_t n) {
+        const int64_t K = w.view.in, nkb = (K + 31) / 32;
+        return ref_block_acc(
+            x, K, [&](int64_t k) { return e4m3_to_f32(w.w[size_t(n * K + k)]); },
+            [&](int64_t kb) { return e8m0_to_f32(w.s[size_t((n / 32) * nkb + kb)]); });
+      });
+}
+
+TEST(Kernels, LinearFp4) {
+  run_quant_linear(
+      "linear_fp4", make_fp4,
+      [](const float* x, int64_t m, const Fp4W& w, float* y) { ref::linear_fp4(x, m, w.view, y); },
+      [](const float* x, int64_t m, const Fp4W& w, float* y, ThreadPool* p) { kern::linear_fp4(x, m, w.view, y, p); },
+      [](const float* x, const Fp4W& w, int64_t n) {
+        const int64_t K = w.view.in, nkb = K / 32;
+        return ref_block_acc(
+            x, K, [&](int64_t k) { return e2m1_to_f32(fp4_get(w.w.data() + n * (K / 2), k)); },
+            [&](int64_t kb) { return e8m0_to_f32(w.s[size_t(n * nkb + kb)]); });
+      });
+}
+
+// FP8 with K not a multiple of 32 takes the reference path on every ISA: still exact.
+TEST(Kernels, LinearFp8RaggedK) {
+  IsaGuard guard;
+  std::mt19937 g(7);
+  auto w = make_fp8(g, 40, 70, false);
+  const auto x = make_activations(g, 3 * 70, false);
+  std::vector<float> want(3 * 40), got(want.size());
+  ref::linear_fp8(x.data(), 3, w.view, want.data());
+  for (kern::Isa isa : isas()) {
+    kern::set_isa(isa);
+    kern::linear_fp8(x.data(), 3, w.view, got.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << kern::isa_name(isa);
+  }
+}
+
+namespace {
+
+// fp64-accumulated linears: the sum is exact up to fp64 rounding in another order than the
+// reference's, so an fp32 (or bf16) output may move by one ulp when the exact sum sits on a
+// rounding boundary to within ~2^-50 relative: assert it is one ulp and rare.
+template <class RefFn, class KernFn>
+void run_f64_linear(const char* name, bool bf16_out, int64_t m, int64_t n, int64_t k, RefFn ref_fn, KernFn kern_fn,
+                    Mismatch& mm, const std::vector<float>& x) {
+  IsaGuard guard;
+  ThreadPool pool3(3);
+  std::vector<float> want(size_t(m * n));
+  ref_fn(x.data(), m, want.data());
+  for (kern::Isa isa : isas()) {
+    kern::set_isa(isa);
+    std::vector<float> got(want.size(), -1.f), got3(want.size(), -3.f);
+    kern_fn(x.data(), m, got.data(), nullptr);
+    kern_fn(x.data(), m, got3.data(), &pool3);
+    const std::string what = std::string(name) + " " + kern::isa_name(isa) + " m=" + std::to_string(m) +
+                             " n=" + std::to_string(n) + " k=" + std::to_string(k);
+    ASSERT_EQ(0, std::memcmp(got.data(), got3.data(), got.size() * 4)) << what << ": thread count";
+    for (size_t i = 0; i < got.size(); ++i) {
+      ++mm.total;
+      if (bits(got[i]) == bits(want[i])) continue;
+      ++mm.differ;
+      const uint32_t a = bits(got[i]), b = bits(want[i]);
+      ASSERT_EQ(a >> 31, b >> 31) << what << " at " << i;
+      ASSERT_EQ(std::max(a, b) - std::min(a, b), bf16_out ? 0x10000u : 1u) << what << " at " << i << ": " << got[i]
+                                                                         << " vs " << want[i];
+    }
+  }
+}
+
+std::vector<float> random_floats(std::mt19937& g, int64_t n, bool bf16_valued) {
+  std::normal_distribution<float> nd;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& f : v) f = bf16_valued ? round_bf16(nd(g)) : nd(g);
+  return v;
+}
+
+const Shape kF64Shapes[] = {{1, 1, 1}, {1, 17, 7}, {2, 33, 64}, {3, 24, 257}, {7, 100, 1000}, {64, 19, 96}, {129, 9, 40}, {1, 300, 4096}};
+
+}  // namespace
+
+TEST(Kernels, LinearBf16) {
+  std::mt19937 g(11);
+  Mismatch mm;
+  for (bool round_out : {false, true})
+    for (const Shape& s : kF64Shapes) {
+      std::vector<uint16_t> w(size_t(s.n * s.k));
+      for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>()(g));
+      const ref::Bf16Weight view{w.data(), s.n, s.k};
+      const auto x = random_floats(g, s.m * s.k, !round_out);
+      run_f64_linear(
+          "linear_bf16", round_out, s.m, s.n, s.k,
+          [&](const float* xx, int64_t m, float* y) { ref::linear_bf16(xx, m, view, y, round_out); },
+          [&](const float* xx, int64_t m, float* y, ThreadPool* p) { kern::linear_bf16(xx, m, view, y, round_out, p); },
+          mm, x);
+    }
+  std::printf("linear_bf16: %lld of %lld outputs differ by one ulp\n", (long long)mm.differ, (long long)mm.total);
+  EXPECT_LT(double(mm.differ), 1e-3 * double(mm.total));
+}
+
+TEST(Kernels, LinearF32) {
+  std::mt19937 g(12);
+  Mismatch mm;
+  for (const Shape& s : kF64Shapes) {
+    const auto w = random_floats(g, s.n * s.k, false);
+    const ref::F32Weight view{w.data(), s.n, s.k};
+    const auto x = random_floats(g, s.m * s.k, false);
+    run_f64_linear(
+        "linear_f32", false, s.m, s.n, s.k, [&](const float* xx, int64_t m, float* y) { ref::linear_f32(xx, m, view, y); },
+        [&](const float* xx, int64_t m, float* y, ThreadPool* p) { kern::linear_f32(xx, m, view, y, p); }, mm, x);
+  }
+  std::printf("linear_f32: %lld of %lld outputs differ by one fp32 ulp\n", (long long)mm.differ, (long long)mm.total);
+  EXPECT_LT(double(mm.differ), 1e-3 * double(mm.total));
+}
+
+TEST(Kernels, LinearFp8Dequant) {
+  std::mt19937 g(13);
+  Mismatch mm;
+  for (bool extreme : {false, true})
+    for (const Shape& s : kF64Shapes) {
+      auto w = make_fp8(g, s.n, s.k, extreme);
+      const auto x = make_activations(g, s.m * s.k, false);
+      run_f64_linear(
+          "linear_fp8_dequant", true, s.m, s.n, s.k,
+          [&](const float* xx, int64_t m, float* y) { ref::linear_fp8_dequant(xx, m, w.view, y); },
+          [&](const float* xx, int64_t m, float* y, ThreadPool* p) { kern::linear_fp8_dequant(xx, m, w.view, y, p); },
+          mm, x);
+    }
+  std::printf("linear_fp8_dequant: %lld of %lld outputs differ by one bf16 ulp\n", (long long)mm.differ,
+              (long long)mm.total);
+  EXPECT_LT(double(mm.differ), 1e-3 * double(mm.total));
+}
+
+TEST(Kernels, SparseAttention) {
+  IsaGuard guard;
+  std::mt19937 g(21);
+  struct A {
+    int h, d;
+    int64_t rows;
+  };
+  for (const A& a : {A{1, 8, 1}, A{3, 13, 5}, A{8, 64, 64}, A{9, 32, 65}, A{16, 128, 130}, A{4, 512, 200}, A{2, 16, 0}}) {
+    const auto q = random_floats(g, int64_t(a.h) * a.d, true);
+    std::vector<std::vector<float>> store;
+    std::vector<const float*> rows(size_t(a.rows));
+    for (int64_t j = 0; j < a.rows; ++j) {
+      store.push_back(random_floats(g, a.d, true));
+      rows[size_t(j)] = g() % 5 == 0 ? nullptr : store.back().data();  // -1 entries anywhere
+    }
+    if (a.rows > 70) std::fill(rows.begin() + 64, rows.begin() + 70, nullptr);
+    std::vector<float> sink(size_t(a.h));
+    for (auto& s : sink) s = std::normal_distribution<float>()(g);
+    const float scale = 1.f / std::sqrt(float(a.d));
+    std::vector<float> want(size_t(a.h * a.d));
+    ref::sparse_attention(q.data(), a.h, a.d, rows.data(), a.rows, sink.data(), scale, want.data());
+    for (kern::Isa isa : isas()) {
+      kern::set_isa(isa);
+      std::vector<float> got(want.size(), -1.f);
+      kern::sparse_attention(q.data(), a.h, a.d, rows.data(), a.rows, sink.data(), scale, got.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+          << kern::isa_name(isa) << " h=" << a.h << " d=" << a.d << " rows=" << a.rows;
+    }
+  }
+}

@@ -1,0 +1,92 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+using namespace di;
+
+TEST(ThreadPool, CoversRangeOnceInGrainMultiples) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (int64_t n : {1, 2, 7, 64, 1000, 1001})
+      for (int64_t grain : {1, 4, 32}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<int> calls{0};
+        pool.parallel_for(n, grain, [&](int64_t b, int64_t e, int t) {
+          EXPECT_LT(b, e);
+          EXPECT_GE(t, 0);
+          EXPECT_LT(t, threads);
+          EXPECT_EQ(b % grain, 0);
+          if (e != n) {
+            EXPECT_EQ(e % grain, 0);
+          }
+          for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+          calls++;
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
+        EXPECT_LE(calls.load(), threads);
+      }
+  }
+}
+
+TEST(ThreadPool, UsesAllThreadsAndStaticSplit) {
+  ThreadPool pool(3);
+  std::vector<int> owner(300, -1);
+  pool.parallel_for(300, 1, [&](int64_t b, int64_t e, int t) {
+    for (int64_t i = b; i < e; ++i) owner[size_t(i)] = t;
+  });
+  for (int t = 0; t < 3; ++t) {
+    const auto [b, e] = ThreadPool::split(300, 1, 3, t);
+    for (int64_t i = b; i < e; ++i) EXPECT_EQ(owner[size_t(i)], t);
+  }
+  EXPECT_EQ(owner.front(), 0);
+  EXPECT_EQ(owner.back(), 2);
+}
+
+TEST(ThreadPool, NestedCallsRunInline) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(4, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i)
+      pool.parallel_for(10, 1, [&](int64_t b2, int64_t e2, int t2) {
+        EXPECT_EQ(t2, 0);
+        for (int64_t j = b2; j < e2; ++j) sum += i * 10 + j;
+      });
+  });
+  int64_t want = 0;
+  for (int i = 0; i < 40; ++i) want += i;
+  EXPECT_EQ(sum.load(), want);
+}
+
+TEST(ThreadPool, ManyCallsAndSleepWake) {
+  ThreadPool pool(2);
+  int64_t total = 0;
+  for (int rep = 0; rep < 20000; ++rep) {
+    std::atomic<int64_t> s{0};
+    pool.parallel_for(16, 1, [&](int64_t b, int64_t e, int) { s += e - b; });
+    total += s.load();
+    if (rep % 5000 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // workers fall asleep
+  }
+  EXPECT_EQ(total, 16 * 20000);
+}
+
+TEST(ThreadPool, ConcurrentCallersBothComplete) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> s{0};
+  auto caller = [&] {
+    for (int rep = 0; rep < 2000; ++rep) pool.parallel_for(8, 1, [&](int64_t b, int64_t e, int) { s += e - b; });
+  };
+  std::thread a(caller), b(caller);
+  a.join();
+  b.join();
+  EXPECT_EQ(s.load(), 2 * 2000 * 8);
+}
+
+TEST(ThreadPool, RejectsBadSize) {
+  EXPECT_THROW(ThreadPool(0), std::invalid_argument);
+  EXPECT_GE(ThreadPool::default_threads(), 1);
+}
