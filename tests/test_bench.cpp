@@ -190,7 +190,7 @@ TEST(BenchModel, ReportHasEveryField) {
   EXPECT_GT(j["model"]["file_bytes"].get<int64_t>(), 0);
   EXPECT_GT(j["bandwidth"]["read_gbs"]["median"].get<double>(), 0);
   EXPECT_GT(j["matmul"]["bf16_gflops"].get<double>(), 0);
-  EXPECT_EQ(j["matmul"]["shapes"].size(), 8u);
+  EXPECT_EQ(j["matmul"]["shapes"].size(), 10u);
   std::set<std::string> names;
   for (const auto& t : j["tests"]) {
     names.insert(t["name"].get<std::string>() + "@" + std::to_string(t["depth"].get<int64_t>()));
