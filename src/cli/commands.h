@@ -9,4 +9,5 @@ void add_generate(CLI::App& app);
 void add_make_tiny(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_bench(CLI::App& app);
 }  // namespace di::cli

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   di::cli::add_make_tiny(app);
   di::cli::add_tokenize(app);
   di::cli::add_serve(app);
+  di::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,347 @@
+#include "bench/model_bench.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <stdexcept>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu/kernels.h"
+
+namespace di::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+
+void check_options(const ModelBenchOptions& o) {
+  if (o.reps < 1) throw std::invalid_argument("bench: --reps must be >= 1");
+  if (o.threads < 1) throw std::invalid_argument("bench: --threads must be >= 1");
+  if (o.fill_chunk < 1) throw std::invalid_argument("bench: fill chunk must be >= 1");
+  for (int p : o.prompt_sizes)
+    if (p < 1) throw std::invalid_argument("bench: -p sizes must be >= 1 (got " + std::to_string(p) + ")");
+  for (int n : o.gen_sizes)
+    if (n < 1) throw std::invalid_argument("bench: -n sizes must be >= 1 (got " + std::to_string(n) + ")");
+  for (int64_t d : o.depths)
+    if (d < 0) throw std::invalid_argument("bench: --depth must be >= 0 (got " + std::to_string(d) + ")");
+  for (int b : o.batches)
+    if (b < 1) throw std::invalid_argument("bench: --batch sizes must be >= 1 (got " + std::to_string(b) + ")");
+  if (o.batch_steps < 0) throw std::invalid_argument("bench: --batch-steps must be >= 0");
+}
+
+// Per-test token streams are drawn before timing: nothing is allocated in the timed loops.
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t vocab, size_t n) {
+  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+nlohmann::json summary_json(const Summary& s) {
+  return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"mad", s.mad}, {"mean", s.mean}, {"samples", s.samples}};
+}
+
+}  // namespace
+
+std::vector<MatmulShape> model_matmul_shapes(const V41Config& c, int m) {
+  return {
+      {m, c.dim, c.q_lora_rank, "attn.wq_a"},
+      {m, c.q_lora_rank, int64_t(c.n_heads) * c.head_dim, "attn.wq_b"},
+      {m, int64_t(c.o_groups) * c.o_lora_rank, c.dim, "attn.wo_b"},
+      {m, c.dim, c.moe_inter_dim, "ffn.shared_experts.w1"},
+      // A size-independent reference, so that a small model's thin shapes do not understate the machine.
+      {512, 2048, 2048, "reference"},
+  };
+}
+
+int64_t checkpoint_file_bytes(const std::string& dir) {
+  namespace fs = std::filesystem;
+  int64_t b = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") b += int64_t(e.file_size());
+  return b;
+}
+
+BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, const ModelBenchOptions& opts) {
+  check_options(opts);
+  auto log = [&](const std::string& s) { if (opts.log) opts.log(s); };
+  const V41Config& cfg = model.config();
+  BenchReport rep;
+  rep.machine = machine_info();
+  rep.threads = opts.threads;
+  rep.model = info;
+
+  log("bandwidth: " + std::to_string(opts.threads) + " threads");
+  rep.bandwidth = measure_bandwidth({opts.threads, opts.bandwidth_bytes, opts.bandwidth_passes});
+  log(fmt("bandwidth: read %.1f GB/s, triad %.1f GB/s", rep.bandwidth.read_gbs.median, rep.bandwidth.triad_gbs.median));
+  log("matmul peak (oneDNN)");
+  rep.matmul = measure_matmul_peak(model_matmul_shapes(cfg, opts.matmul_m), opts.threads, 5, 0.15);
+  log(fmt("matmul peak: bf16 %.1f GFLOP/s, f32 %.1f GFLOP/s", rep.matmul.bf16_gflops, rep.matmul.f32_gflops));
+  // Streaming weights is a read-only pattern: the read pass is the decode roofline's bandwidth.
+  const double bw = rep.bandwidth.read_gbs.median, peak = rep.matmul.bf16_gflops;
+  const ModelCost cost = model_cost(cfg);
+  rep.model.active_params = cost.active_params;
+  if (rep.model.params == 0) rep.model.params = cost.total_params;
+
+  // The kernels split their output columns over this pool (the forward pass itself runs on the
+  // calling thread); the previous default pool is restored on return.
+  struct PoolScope {
+    std::unique_ptr<ThreadPool> pool;
+    ThreadPool* previous = kern::default_pool();
+    explicit PoolScope(int n) : pool(n > 1 ? std::make_unique<ThreadPool>(n) : nullptr) { kern::set_default_pool(pool.get()); }
+    ~PoolScope() { kern::set_default_pool(previous); }
+  } pool_scope(opts.threads);
+
+  std::mt19937_64 rng(opts.seed);
+  // Token ids the tokenizer knows (the Engram map covers exactly those; the vocab is padded).
+  const size_t mapped = model.engram_token_map().compressed.size();
+  const int64_t n_ids = mapped > 0 ? std::min<int64_t>(cfg.vocab_size, int64_t(mapped)) : cfg.vocab_size;
+  v41::Workspace ws;
+  std::vector<float> logits;
+  ExpertCounter counter(cfg);
+  v41::ForwardOptions observed;
+  observed.observer = &counter;
+  const v41::ForwardOptions plain;
+
+  // Warm-up: faults in the mapped weights (an 8-token chunk runs most experts) and grows the
+  // workspace, so that samples pay for neither.
+  {
+    v41::SequenceState s = model.new_state();
+    const auto toks = random_tokens(rng, n_ids, 8);
+    model.forward(s, toks, logits, plain, ws);
+    model.forward(s, std::span(toks).first(1), logits, plain, ws);
+  }
+
+  const int gen_default = opts.gen_sizes.empty() ? 16 : opts.gen_sizes.front();
+  const int batch_steps = opts.batch_steps > 0 ? opts.batch_steps : gen_default;
+  for (const int64_t depth : opts.depths) {
+    v41::SequenceState base = model.new_state();
+    if (depth > 0) {
+      const auto fill = random_tokens(rng, n_ids, size_t(depth));
+      const auto t0 = Clock::now();
+      for (int64_t at = 0; at < depth; at += opts.fill_chunk) {
+        const int64_t n = std::min<int64_t>(opts.fill_chunk, depth - at);
+        model.forward(base, std::span(fill).subspan(size_t(at), size_t(n)), logits, plain, ws);
+        log(fmt("depth fill: %.0f / %.0f tokens (%.1f s)", double(at + n), double(depth), since(t0)));
+      }
+    }
+    // Mean KV bytes and attention FLOPs of the queries at positions depth .. depth+n-1.
+    auto queries = [&](int64_t n) {
+      QueryCost q;
+      for (int64_t t = depth; t < depth + n; ++t) {
+        const QueryCost c = query_cost(cfg, t);
+        q.kv_bytes += c.kv_bytes;
+        q.attn_flops += c.attn_flops;
+      }
+      return q;
+    };
+
+    for (const int p : opts.prompt_sizes) {
+      TestResult r;
+      r.kind = "pp";
+      r.name = "pp" + std::to_string(p);
+      r.n_tokens = p;
+      r.depth = depth;
+      std::vector<double> secs, tps;
+      double distinct = 0;
+      for (int k = 0; k < opts.reps; ++k) {
+        v41::SequenceState s = base;
+        const auto toks = random_tokens(rng, n_ids, size_t(p));
+        counter.begin_step();
+        const auto t0 = Clock::now();
+        model.forward(s, toks, logits, observed, ws);
+        const double dt = since(t0);
+        secs.push_back(dt);
+        tps.push_back(p / dt);
+        for (int d : counter.distinct()) distinct += d;
+        log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, p / dt));
+      }
+      r.distinct_experts = distinct / opts.reps / std::max(1, cfg.n_layers);
+      const QueryCost q = queries(p);
+      // The chunk reads the weights once; its KV reads mostly hit cache, so the last query's
+      // stands for them. FLOPs: every token's linears, attention, one head row.
+      const double wbytes = step_weight_bytes(cost, counter.distinct(), p, p, 1);
+      const double flops = p * token_linear_flops(cost) + q.attn_flops + 2 * cost.head_params;
+      r.roofline = make_roofline(wbytes, query_cost(cfg, depth + p - 1).kv_bytes, flops, bw, peak);
+      r.seconds = summarize(secs);
+      r.tokens_per_s = summarize(tps);
+      r.measured_s = r.seconds.median;
+      r.efficiency = r.roofline.time_s / r.measured_s;
+      r.achieved_gflops = flops / r.measured_s / 1e9;
+      rep.tests.push_back(std::move(r));
+    }
+
+    for (const int n : opts.gen_sizes) {
+      TestResult r;
+      r.kind = "tg";
+      r.name = "tg" + std::to_string(n);
+      r.n_tokens = n;
+      r.depth = depth;
+      std::vector<double> secs, tps, step;
+      double wbytes = 0, distinct = 0;
+      for (int k = 0; k < opts.reps; ++k) {
+        v41::SequenceState s = base;
+        const auto toks = random_tokens(rng, n_ids, size_t(n));
+        double t = 0;
+        for (int i = 0; i < n; ++i) {
+          counter.begin_step();
+          const auto t0 = Clock::now();
+          model.forward(s, std::span(toks).subspan(size_t(i), 1), logits, observed, ws);
+          t += since(t0);
+          wbytes += step_weight_bytes(cost, counter.distinct(), 1, 1, 1);
+          for (int d : counter.distinct()) distinct += d;
+        }
+        secs.push_back(t);
+        tps.push_back(n / t);
+        step.push_back(t / n * 1e3);
+        log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, n / t));
+      }
+      const double steps = double(n) * opts.reps;
+      r.distinct_experts = distinct / steps / std::max(1, cfg.n_layers);
+      const QueryCost q = queries(n);
+      r.roofline = make_roofline(wbytes / steps, q.kv_bytes / n,
+                                 token_linear_flops(cost) + q.attn_flops / n + 2 * cost.head_params, bw, peak);
+      r.seconds = summarize(secs);
+      r.tokens_per_s = summarize(tps);
+      r.step_ms = summarize(step);
+      r.measured_s = r.step_ms.median / 1e3;
+      r.efficiency = r.roofline.time_s / r.measured_s;
+      r.achieved_gflops = r.roofline.flops / r.measured_s / 1e9;
+      rep.tests.push_back(std::move(r));
+    }
+
+    for (const int B : opts.batches) {
+      if (B == 1) continue;  // batch 1 is the tg test
+      TestResult r;
+      r.kind = "batch";
+      r.name = "tg" + std::to_string(batch_steps) + " B" + std::to_string(B);
+      r.n_tokens = batch_steps;
+      r.depth = depth;
+      r.batch = B;
+      std::vector<double> secs, tps, step;
+      double wbytes = 0, distinct = 0;
+      std::vector<std::vector<float>> outs(static_cast<size_t>(B));
+      std::vector<v41::BatchItem> items(static_cast<size_t>(B));
+      for (int k = 0; k < opts.reps; ++k) {
+        std::vector<v41::SequenceState> states(size_t(B), base);
+        const auto toks = random_tokens(rng, n_ids, size_t(B) * batch_steps);
+        double t = 0;
+        for (int i = 0; i < batch_steps; ++i) {
+          for (int b = 0; b < B; ++b)
+            items[size_t(b)] = {&states[size_t(b)], std::span(toks).subspan(size_t(i) * B + b, 1), false, &outs[size_t(b)]};
+          counter.begin_step();
+          const auto t0 = Clock::now();
+          model.forward_batch(items, observed, ws);
+          t += since(t0);
+          wbytes += step_weight_bytes(cost, counter.distinct(), B, 1, B);
+          for (int d : counter.distinct()) distinct += d;
+        }
+        secs.push_back(t);
+        tps.push_back(double(B) * batch_steps / t);
+        step.push_back(t / batch_steps * 1e3);
+        log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, double(B) * batch_steps / t));
+      }
+      const double steps = double(batch_steps) * opts.reps;
+      r.distinct_experts = distinct / steps / std::max(1, cfg.n_layers);
+      const QueryCost q = queries(batch_steps);
+      r.roofline = make_roofline(wbytes / steps, B * q.kv_bytes / batch_steps,
+                                 B * (token_linear_flops(cost) + q.attn_flops / batch_steps + 2 * cost.head_params), bw, peak);
+      r.seconds = summarize(secs);
+      r.tokens_per_s = summarize(tps);
+      r.step_ms = summarize(step);
+      r.measured_s = r.step_ms.median / 1e3;
+      r.efficiency = r.roofline.time_s / r.measured_s;
+      r.achieved_gflops = r.roofline.flops / r.measured_s / 1e9;
+      rep.tests.push_back(std::move(r));
+    }
+  }
+  return rep;
+}
+
+nlohmann::json report_json(const BenchReport& r) {
+  using nlohmann::json;
+  const auto& m = r.machine;
+  const auto& c = r.model.config;
+  json j;
+  j["date"] = r.date;
+  j["command"] = r.command;
+  j["machine"] = {{"cpu_model", m.cpu_model}, {"logical_cpus", m.logical_cpus}, {"l3_bytes", m.l3_bytes},
+                  {"mem_total_bytes", m.mem_total_bytes}, {"cpu_flags", m.cpu_flags}, {"kernel_isa", m.kernel_isa},
+                  {"kernel_isa_best", m.kernel_isa_best}, {"hostname", m.hostname}};
+  j["threads"] = r.threads;
+  j["model"] = {{"path", r.model.path}, {"size", r.model.size}, {"params", r.model.params},
+                {"active_params_per_token", r.model.active_params}, {"file_bytes", r.model.file_bytes},
+                {"config", {{"dim", c.dim}, {"n_layers", c.n_layers}, {"n_heads", c.n_heads}, {"head_dim", c.head_dim},
+                            {"moe_inter_dim", c.moe_inter_dim}, {"n_routed_experts", c.n_routed_experts},
+                            {"n_activated_experts", c.n_activated_experts}, {"vocab_size", c.vocab_size},
+                            {"window_size", c.window_size}, {"index_topk", c.index_topk}}}};
+  j["bandwidth"] = {{"threads", r.bandwidth.threads}, {"bytes", r.bandwidth.bytes},
+                    {"read_gbs", summary_json(r.bandwidth.read_gbs)}, {"triad_gbs", summary_json(r.bandwidth.triad_gbs)}};
+  json shapes = json::array();
+  for (const auto& s : r.matmul.results)
+    shapes.push_back({{"name", s.shape.name}, {"m", s.shape.m}, {"k", s.shape.k}, {"n", s.shape.n}, {"dtype", s.dtype},
+                      {"gflops", summary_json(s.gflops)}});
+  j["matmul"] = {{"library", "oneDNN " + r.matmul.dnnl_version}, {"isa", r.matmul.dnnl_isa}, {"threads", r.matmul.threads},
+                 {"bf16_gflops", r.matmul.bf16_gflops}, {"f32_gflops", r.matmul.f32_gflops}, {"shapes", shapes}};
+  json tests = json::array();
+  for (const auto& t : r.tests) {
+    json tj = {{"name", t.name}, {"kind", t.kind}, {"n_tokens", t.n_tokens}, {"depth", t.depth}, {"batch", t.batch},
+               {"reps", t.seconds.samples.size()}, {"seconds", summary_json(t.seconds)},
+               {"tokens_per_s", summary_json(t.tokens_per_s)}};
+    if (t.kind != "pp") tj["step_ms"] = summary_json(t.step_ms);
+    tj["distinct_experts_per_layer"] = t.distinct_experts;
+    tj["roofline"] = {{"unit", t.kind == "pp" ? "chunk" : "step"},
+                      {"weight_bytes", t.roofline.weight_bytes}, {"kv_bytes", t.roofline.kv_bytes},
+                      {"bytes", t.roofline.bytes}, {"flops", t.roofline.flops},
+                      {"memory_s", t.roofline.memory_s}, {"compute_s", t.roofline.compute_s},
+                      {"time_s", t.roofline.time_s}, {"bound", t.roofline.compute_bound() ? "compute" : "memory"},
+                      {"measured_s", t.measured_s}, {"ratio", t.efficiency},
+                      {"achieved_gflops", t.achieved_gflops},
+                      {"achieved_gbs", t.roofline.bytes / t.measured_s / 1e9}};
+    tests.push_back(std::move(tj));
+  }
+  j["tests"] = tests;
+  return j;
+}
+
+std::string report_table(const BenchReport& r) {
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "cpu: %s, %d threads, kernels: %s\n", r.machine.cpu_model.c_str(), r.threads,
+                r.machine.kernel_isa.c_str());
+  out += buf;
+  std::snprintf(buf, sizeof buf, "model: %s (%.2f B params, %.1f M active/token, %.2f GB files)\n", r.model.path.c_str(),
+                double(r.model.params) / 1e9, r.model.active_params / 1e6, double(r.model.file_bytes) / 1e9);
+  out += buf;
+  std::snprintf(buf, sizeof buf,
+                "bandwidth (%.2f GB buffer): read %.1f GB/s [%.1f-%.1f], triad %.1f GB/s [%.1f-%.1f]\n",
+                double(r.bandwidth.bytes) / 1e9, r.bandwidth.read_gbs.median, r.bandwidth.read_gbs.min,
+                r.bandwidth.read_gbs.max, r.bandwidth.triad_gbs.median, r.bandwidth.triad_gbs.min, r.bandwidth.triad_gbs.max);
+  out += buf;
+  std::snprintf(buf, sizeof buf, "matmul peak (oneDNN %s, %s): bf16 %.1f GFLOP/s, f32 %.1f GFLOP/s\n\n",
+                r.matmul.dnnl_version.c_str(), r.matmul.dnnl_isa.c_str(), r.matmul.bf16_gflops, r.matmul.f32_gflops);
+  out += buf;
+  out += "| test        |  depth |   t/s (median ± MAD) |         min..max | step ms | roofline t/s | eff. % | bound   |\n";
+  out += "|-------------|-------:|---------------------:|-----------------:|--------:|-------------:|-------:|---------|\n";
+  for (const auto& t : r.tests) {
+    const double tokens = t.kind == "pp" ? t.n_tokens : t.batch;  // per roofline unit
+    std::snprintf(buf, sizeof buf, "| %-11s | %6lld | %11.2f ± %6.2f | %7.2f..%7.2f | %7s | %12.2f | %6.1f | %-7s |\n",
+                  t.name.c_str(), static_cast<long long>(t.depth), t.tokens_per_s.median, t.tokens_per_s.mad,
+                  t.tokens_per_s.min, t.tokens_per_s.max,
+                  t.kind == "pp" ? "-" : fmt("%.1f", t.step_ms.median).c_str(), tokens / t.roofline.time_s,
+                  100 * t.efficiency, t.roofline.compute_bound() ? "compute" : "memory");
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace di::bench

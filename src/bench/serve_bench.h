@@ -1,0 +1,100 @@
+// `deepinfer bench serve` (like `vllm bench serve` / sglang.bench_serving): drives an
+// OpenAI-compatible server with streaming completions or chat completions, from one thread with
+// many concurrent HTTP streams (Boost.Beast), and reports throughput and latency with vLLM's
+// metric definitions and JSON field names:
+//   TTFT  = first streamed chunk with choices - request start
+//   ITL   = gaps between later chunks (one per chunk)
+//   TPOT  = (E2EL - TTFT) / (output tokens - 1), per request with > 1 output token
+//   E2EL  = last chunk - request start
+// Output tokens come from the server's usage (stream_options.include_usage), else the number of
+// content chunks. Percentiles interpolate linearly (NumPy), std is the population std.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace di::bench {
+
+struct ServeRequest {
+  nlohmann::json prompt;    // completions: string or array of token ids; chat: string (user message)
+  nlohmann::json messages;  // chat only, when the dataset gives full messages (else built from prompt)
+  int prompt_len = 0;       // tokens, when known from the dataset (token ids); else from usage
+  int output_len = 128;     // max_tokens
+};
+
+struct ServeOptions {
+  std::string base_url = "http://127.0.0.1:8000";
+  std::string endpoint = "/v1/completions";  // or /v1/chat/completions
+  std::string model;        // "model" field of the requests; empty = the first id of GET /v1/models
+  std::string dataset = "random";  // "random" or "jsonl" (with dataset_path)
+  std::string dataset_path;
+  int input_len = 512, output_len = 128;
+  int64_t vocab_size = 129280;  // random token ids are drawn from [0, vocab_size)
+  int num_prompts = 100;
+  double request_rate = std::numeric_limits<double>::infinity();  // requests/s; inf = all at once
+  double burstiness = 1.0;       // 1 = Poisson arrivals; gamma-distributed gaps otherwise
+  int max_concurrency = 0;       // 0 = unlimited
+  std::map<std::string, double> goodput;  // SLOs in ms: ttft, tpot, e2el
+  std::vector<double> percentiles{90, 99};
+  bool ignore_eos = true;
+  double temperature = 0.0;
+  nlohmann::json extra_body = nlohmann::json::object();  // merged into every request body
+  uint64_t seed = 0;
+  double timeout_s = 6 * 3600.0;  // per request
+  bool progress = true;           // progress bar on stderr
+};
+
+struct RequestOutput {
+  bool success = false;
+  std::string error;
+  int prompt_len = 0;
+  int output_tokens = 0;
+  double start_time = 0;  // seconds since the benchmark started
+  double ttft = 0, latency = 0;  // seconds
+  std::vector<double> itl;       // seconds
+  std::string generated_text;
+};
+
+struct ServeMetrics {
+  int completed = 0, failed = 0;
+  int64_t total_input = 0, total_output = 0;
+  double duration = 0;
+  double request_throughput = 0, request_goodput = 0, output_throughput = 0, total_token_throughput = 0;
+  double max_output_tokens_per_s = 0;
+  int max_concurrent_requests = 0;
+  // mean, median, std and each percentile (ms) for ttft, tpot, itl, e2el
+  std::map<std::string, double> latency_ms;
+};
+
+// vLLM's calculate_metrics over finished requests.
+ServeMetrics calculate_serve_metrics(const std::vector<RequestOutput>& outputs, double duration_s,
+                                     const std::map<std::string, double>& goodput,
+                                     const std::vector<double>& percentiles);
+
+// Parses "ttft:500" style SLOs (names ttft, tpot, e2el; values in ms >= 0). Throws on bad input.
+std::map<std::string, double> parse_goodput(const std::vector<std::string>& items);
+
+// The requests of a run: random token-id prompts, or the lines of a JSONL file
+// ({"prompt": "text" | [ids], "output_len"|"max_tokens": n} or {"messages": [...], ...}).
+std::vector<ServeRequest> load_serve_requests(const ServeOptions& o);
+
+// Arrival offsets (seconds from the start) of n requests: 0 for an infinite rate, else gamma gaps
+// (shape = burstiness) rescaled so that the last arrival is at n / rate, as vLLM does.
+std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_t seed);
+
+struct ServeResult {
+  ServeMetrics metrics;
+  std::vector<RequestOutput> outputs;
+  nlohmann::json json;  // vLLM's result fields plus the run's settings
+  std::string text;     // the human-readable report
+};
+
+ServeResult run_serve_bench(const ServeOptions& o);
+
+}  // namespace di::bench

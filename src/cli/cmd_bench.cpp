@@ -1,0 +1,223 @@
+// `deepinfer bench` (model throughput against the roofline) and `deepinfer bench serve` (an
+// OpenAI-compatible serving client). docs/performance.md explains the numbers.
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "bench/model_bench.h"
+#include "bench/serve_bench.h"
+#include "cli/commands.h"
+#include "kernels/cpu/kernels.h"
+#include "model/v41/model.h"
+#include "model/v41/tiny_generator.h"
+
+namespace di::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// The command line as typed, for the record.
+std::string command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()), out;
+  for (char c : all) out += c == '\0' ? ' ' : c;
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+std::string cache_root() {
+  if (const char* h = std::getenv("DEEPINFER_HOME"); h && *h) return h;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "deepinfer").string();
+  const char* home = std::getenv("HOME");
+  return (fs::path(home && *home ? home : "/tmp") / ".cache" / "deepinfer").string();
+}
+
+// A generated model of `size` in the cache, made on first use.
+std::string ensure_generated(const std::string& size, uint64_t seed) {
+  const fs::path dir = fs::path(cache_root()) / "models" / ("v41-" + size + "-seed" + std::to_string(seed));
+  if (fs::exists(dir / "config.json")) return dir.string();
+  std::fprintf(stderr, "bench: generating the %s model into %s\n", size.c_str(), dir.c_str());
+  v41::TinyOptions o;
+  o.size = size;
+  o.seed = seed;
+  o.force = true;  // a directory without config.json is an interrupted generation
+  o.progress = [last = -1](double f) mutable {
+    if (int(f * 20) != last) {
+      last = int(f * 20);
+      std::fprintf(stderr, "\rbench: make-tiny %3d%%", int(f * 100));
+      std::fflush(stderr);
+    }
+  };
+  fs::create_directories(dir);
+  v41::make_tiny_checkpoint(o, dir.string());
+  std::fprintf(stderr, "\n");
+  return dir.string();
+}
+
+struct ModelArgs {
+  std::string model_dir, size;
+  uint64_t gen_seed = 0;
+  std::string isa;
+  std::string output;
+  bool json = false, quiet = false;
+  bench::ModelBenchOptions opts;
+};
+
+void run_model(const ModelArgs& a) {
+  if (!a.model_dir.empty() && !a.size.empty()) throw std::invalid_argument("bench: give --model or --size, not both");
+  if (!a.isa.empty()) {
+    const kern::Isa isa = a.isa == "scalar" ? kern::Isa::Scalar : a.isa == "avx2" ? kern::Isa::Avx2 : kern::Isa::Avx512;
+    kern::set_isa(isa);
+  }
+  const std::string size = a.model_dir.empty() && a.size.empty() ? "tiny" : a.size;
+  const std::string dir = a.model_dir.empty() ? ensure_generated(size, a.gen_seed) : a.model_dir;
+  auto model = v41::Model::load(dir);
+  bench::ModelInfo info;
+  info.path = dir;
+  info.size = a.model_dir.empty() ? size : "";
+  info.file_bytes = bench::checkpoint_file_bytes(dir);
+  info.config = model->config();
+  bench::ModelBenchOptions opts = a.opts;
+  if (!a.quiet)
+    opts.log = [](const std::string& s) {
+      std::fprintf(stderr, "bench: %s\n", s.c_str());
+      std::fflush(stderr);
+    };
+  bench::BenchReport r = bench::run_model_bench(*model, info, opts);
+  r.date = utc_now();
+  r.command = command_line();
+  const nlohmann::json j = bench::report_json(r);
+  if (!a.output.empty()) {
+    std::ofstream f(a.output);
+    if (!f) throw std::runtime_error(a.output + ": cannot write");
+    f << j.dump(2) << "\n";
+  }
+  if (a.json)
+    std::printf("%s\n", j.dump(2).c_str());
+  else
+    std::printf("%s", bench::report_table(r).c_str());
+}
+
+struct ServeArgs {
+  bench::ServeOptions o;
+  std::vector<std::string> goodput;
+  std::string json_file, percentiles = "90,99", extra_body;
+  double request_rate = 0;
+  bool no_ignore_eos = false, no_progress = false;
+};
+
+void run_serve(ServeArgs& a) {
+  bench::ServeOptions o = a.o;
+  if (a.request_rate > 0) o.request_rate = a.request_rate;
+  o.goodput = bench::parse_goodput(a.goodput);
+  o.ignore_eos = !a.no_ignore_eos;
+  o.progress = !a.no_progress;
+  if (!o.dataset_path.empty()) o.dataset = "jsonl";
+  o.percentiles.clear();
+  std::stringstream ss(a.percentiles);
+  for (std::string p; std::getline(ss, p, ',');) {
+    try {
+      o.percentiles.push_back(std::stod(p));
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--metric-percentiles: '" + p + "' is not a number");
+    }
+  }
+  if (!a.extra_body.empty()) {
+    try {
+      o.extra_body = nlohmann::json::parse(a.extra_body);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(std::string("--extra-body: not JSON: ") + e.what());
+    }
+    if (!o.extra_body.is_object()) throw std::invalid_argument("--extra-body: must be a JSON object");
+  }
+  bench::ServeResult r = bench::run_serve_bench(o);
+  r.json["date"] = utc_now();
+  r.json["command"] = command_line();
+  std::printf("%s", r.text.c_str());
+  if (!a.json_file.empty()) {
+    std::ofstream f(a.json_file);
+    if (!f) throw std::runtime_error(a.json_file + ": cannot write");
+    f << r.json.dump(2) << "\n";
+  }
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto m = std::make_shared<ModelArgs>();
+  m->opts.threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  CLI::App* cmd = app.add_subcommand("bench", "Throughput vs the roofline (like llama-bench); `bench serve` drives a server");
+  cmd->add_option("--model", m->model_dir, "model directory");
+  cmd->add_option("--size", m->size, "generated model (made on first use in the cache): tiny | tiny-alt | small | medium")
+      ->check(CLI::IsMember(v41::tiny_size_names()));
+  cmd->add_option("--gen-seed", m->gen_seed, "seed of the generated --size model")->capture_default_str();
+  cmd->add_option("-p,--n-prompt", m->opts.prompt_sizes, "prompt processing tests: tokens per chunk (comma list)")
+      ->delimiter(',')->capture_default_str();
+  cmd->add_option("-n,--n-gen", m->opts.gen_sizes, "generation tests: tokens decoded (comma list)")
+      ->delimiter(',')->capture_default_str();
+  cmd->add_option("-d,--depth", m->opts.depths, "context depths the tests start at (comma list)")
+      ->delimiter(',')->capture_default_str();
+  cmd->add_option("-b,--batch", m->opts.batches, "batched decode: sequences per step (comma list; 1 = the tg test)")
+      ->delimiter(',')->capture_default_str();
+  cmd->add_option("--batch-steps", m->opts.batch_steps, "decode steps per batched sample (default: the first -n)");
+  cmd->add_option("-r,--reps", m->opts.reps, "samples per test")->capture_default_str();
+  cmd->add_option("-t,--threads", m->opts.threads, "threads")->capture_default_str();
+  cmd->add_option("--seed", m->opts.seed, "seed of the random token ids")->capture_default_str();
+  cmd->add_option("--fill-chunk", m->opts.fill_chunk, "chunk size of the untimed depth fill")->capture_default_str();
+  cmd->add_option("--bw-bytes", m->opts.bandwidth_bytes, "bandwidth buffer bytes (default max(4 x L3, 1 GiB))");
+  cmd->add_option("--bw-passes", m->opts.bandwidth_passes, "bandwidth passes (median)")->capture_default_str();
+  cmd->add_option("--isa", m->isa, "force the kernel ISA")->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+  cmd->add_flag("--json", m->json, "print the JSON report instead of the table");
+  cmd->add_option("-o,--output", m->output, "also write the JSON report to this file");
+  cmd->add_flag("-q,--quiet", m->quiet, "no progress lines");
+
+  auto s = std::make_shared<ServeArgs>();
+  CLI::App* serve = cmd->add_subcommand("serve", "Benchmark an OpenAI-compatible server (like `vllm bench serve`)");
+  serve->add_option("--base-url", s->o.base_url, "server URL")->capture_default_str();
+  serve->add_option("--endpoint", s->o.endpoint, "/v1/completions or /v1/chat/completions")
+      ->check(CLI::IsMember({"/v1/completions", "/v1/chat/completions"}))->capture_default_str();
+  serve->add_option("--model", s->o.model, "model name sent in requests (default: first of GET /v1/models)");
+  serve->add_option("--dataset", s->o.dataset, "random (token-id prompts) or jsonl")
+      ->check(CLI::IsMember({"random", "jsonl"}))->capture_default_str();
+  serve->add_option("--dataset-path", s->o.dataset_path, "JSONL prompts file (implies --dataset jsonl)");
+  serve->add_option("--input-len", s->o.input_len, "random dataset: prompt tokens")->capture_default_str();
+  serve->add_option("--output-len", s->o.output_len, "max_tokens (random dataset, and JSONL lines without one)")
+      ->capture_default_str();
+  serve->add_option("--vocab-size", s->o.vocab_size, "random token ids are drawn below this")->capture_default_str();
+  serve->add_option("--num-prompts", s->o.num_prompts, "requests")->capture_default_str();
+  serve->add_option("--request-rate", s->request_rate, "requests per second, Poisson arrivals (default: all at once)");
+  serve->add_option("--burstiness", s->o.burstiness, "gamma shape of the arrival gaps (1 = Poisson)")->capture_default_str();
+  serve->add_option("--max-concurrency", s->o.max_concurrency, "requests in flight at most (0 = no limit)")
+      ->capture_default_str();
+  serve->add_option("--goodput", s->goodput, "SLOs in ms: ttft:500 tpot:50 e2el:10000");
+  serve->add_option("--metric-percentiles", s->percentiles, "percentiles to report")->capture_default_str();
+  serve->add_option("--temperature", s->o.temperature, "sampling temperature")->capture_default_str();
+  serve->add_option("--extra-body", s->extra_body, "JSON object merged into every request body");
+  serve->add_flag("--no-ignore-eos", s->no_ignore_eos, "do not send ignore_eos (outputs may end early)");
+  serve->add_option("--json", s->json_file, "write the result JSON (vLLM's field names) to this file");
+  serve->add_option("--seed", s->o.seed, "seed of the dataset and the arrivals")->capture_default_str();
+  serve->add_option("--timeout", s->o.timeout_s, "per-request timeout, seconds")->capture_default_str();
+  serve->add_flag("--no-progress", s->no_progress, "no progress bar");
+  serve->callback([s] { run_serve(*s); });
+  cmd->callback([m, serve] {
+    if (serve->parsed()) return;
+    run_model(*m);
+  });
+}
+
+}  // namespace di::cli
