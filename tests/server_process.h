@@ -21,17 +21,25 @@
 
 namespace di::test {
 
-// A tiny V4.1 model generated once per build directory.
+// A tiny V4.1 model generated once per build directory. Test processes run in parallel, so each
+// generates into its own directory and renames it into place; the first rename wins.
 inline std::string e2e_model_dir() {
+  namespace fs = std::filesystem;
   const std::string dir = std::string(DI_BINARY_DIR) + "/e2e-models/tiny";
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    v41::TinyOptions o;
-    o.size = "tiny";
-    o.seed = 0;
-    v41::make_tiny_checkpoint(o, dir);
+  if (fs::exists(dir + "/config.json")) return dir;
+  const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  v41::TinyOptions o;
+  o.size = "tiny";
+  o.seed = 0;
+  v41::make_tiny_checkpoint(o, tmp);
+  std::error_code ec;
+  if (!fs::exists(dir + "/config.json")) {
+    fs::remove_all(dir, ec);  // an interrupted earlier generation
+    fs::rename(tmp, dir, ec);
   }
+  fs::remove_all(tmp, ec);
   return dir;
 }
 

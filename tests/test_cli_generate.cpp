@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <unistd.h>
 
 #include "io/safetensors.h"
 #include "test_paths.h"
@@ -42,7 +43,7 @@ TEST(CliGenerate, GoldenPromptJsonAndLogitDump) {
   // official.p3 is bit-exact to the reference end to end, so free-running greedy reproduces the
   // golden tokens and the dumped logits equal the golden ones.
   Checkpoint g = Checkpoint::open(test::golden_expected());
-  const std::string dump = (std::filesystem::temp_directory_path() / "di_generate_logits.safetensors").string();
+  const std::string dump = (std::filesystem::temp_directory_path() / ("di_generate_logits_" + std::to_string(::getpid()) + ".safetensors")).string();
   const auto r = run("generate --model " + test::golden_model_dir() + " --tokenizer " + test::v3_tokenizer_json() +
                      " --prompt-ids " + ids_csv(g.get("prompts.p3.tokens")) +
                      " --max-tokens 17 --ignore-eos --reference-quirk --json --dump-logits " + dump);
