@@ -1,5 +1,7 @@
 #include "tokenizer/chat_template.h"
 
+#include "tokenizer/text_utf8.h"
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -112,25 +114,7 @@ namespace {
 
 void write_json_string(std::string& out, const std::string& s) {
   out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
+  utf8::append_json_string_body(out, s);
   out += '"';
 }
 

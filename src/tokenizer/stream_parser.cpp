@@ -1,5 +1,7 @@
 #include "tokenizer/stream_parser.h"
 
+#include "tokenizer/text_utf8.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -110,25 +112,7 @@ void append_sanitized(std::string& out, std::string_view s) {
 void append_json_escaped(std::string& out, std::string_view s) {
   std::string clean;
   append_sanitized(clean, s);
-  for (unsigned char c : clean) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
+  utf8::append_json_string_body(out, clean);
 }
 
 std::string json_string(std::string_view s) {

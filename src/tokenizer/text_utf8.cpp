@@ -1,5 +1,7 @@
 #include "tokenizer/text_utf8.h"
 
+#include <cstdio>
+
 #include <utf8proc.h>
 
 namespace di::utf8 {
@@ -128,6 +130,28 @@ bool is_word_char(char32_t cp) {
       return true;
     default:
       return false;
+  }
+}
+
+void append_json_string_body(std::string& out, std::string_view s) {
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
   }
 }
 

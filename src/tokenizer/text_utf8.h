@@ -41,6 +41,10 @@ inline size_t last_char_len(std::string_view bytes) {
 
 void append_code_point(std::string& out, char32_t cp);
 
+// The body of a JSON string literal for `s` (no quotes): ", \ and control characters escaped as
+// Python's json.dumps(ensure_ascii=False) does; other bytes copied as they are.
+void append_json_string_body(std::string& out, std::string_view s);
+
 // Unicode White_Space property (what Rust's char::is_whitespace tests).
 bool is_white_space(char32_t cp);
 // A \w character of Rust's regex crate (HF's single_word test), approximated by general
