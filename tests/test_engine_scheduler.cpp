@@ -364,3 +364,41 @@ TEST(EngineScheduler, FcfsOrPriorityAdmission) {
 }
 
 }  // namespace
+
+namespace {
+// The fixed per-sequence state (window rings, compressor inputs) comes from its own byte budget:
+// with room for two sequences, at most two run at once, n > 1 requests wait until all their choices
+// fit, every request still completes exactly, and the budget is fully returned.
+TEST(EngineScheduler, FixedStatePoolBoundsConcurrencyAndIsReturned) {
+  const auto prompts = mixed_prompts();
+  constexpr int kTokens = 6;
+  EngineOptions o = test::small_options();
+  const size_t fixed = model().new_state(o.max_rollback, o.page_tokens).fixed_bytes();
+  o.state_budget_bytes = 2 * fixed;
+  Scheduler s(model(), o);
+  std::vector<std::shared_ptr<Recorder>> rec;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    rec.push_back(std::make_shared<Recorder>());
+    s.add(i + 1, test::greedy_request(prompts[i], kTokens), rec.back(), 1);
+  }
+  auto pair = test::greedy_request(prompts[0], kTokens);
+  pair.n = 2;
+  rec.push_back(std::make_shared<Recorder>(2));
+  s.add(100, pair, rec.back(), 1);
+  int peak = 0;
+  while (s.has_work()) {
+    s.step();
+    peak = std::max(peak, s.running_choices());
+    EXPECT_LE(s.state_pool().used_bytes(), 2 * fixed);
+  }
+  EXPECT_EQ(peak, 2);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(rec[i]->done());
+    EXPECT_EQ(rec[i]->tokens[0], test::greedy_alone(model(), prompts[i], kTokens)) << "prompt " << i;
+  }
+  ASSERT_TRUE(rec.back()->done());
+  EXPECT_EQ(rec.back()->tokens[0], rec.back()->tokens[1]) << "greedy choices agree";
+  EXPECT_EQ(s.state_pool().used_bytes(), 0u);
+  expect_no_leak(s);
+}
+}  // namespace

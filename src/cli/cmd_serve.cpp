@@ -28,6 +28,7 @@ struct ServeArgs {
   server::ServerOptions server;
   engine::EngineOptions engine;
   double cache_mib = 1024;
+  double state_mib = 0;
 };
 
 void raise_fd_limit() {
@@ -92,6 +93,7 @@ server::LoadedModel load_model(const ServeArgs& a, const std::string& dir) {
   lm.model.max_context = a.engine.max_context > 0 ? a.engine.max_context : int64_t(cfg.max_position_embeddings);
   engine::EngineOptions eo = a.engine;
   eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
+  eo.state_budget_bytes = size_t(a.state_mib * 1024 * 1024);
   lm.engine = engine::Engine::create(std::shared_ptr<const v41::Model>(std::move(model)), eo);
   spdlog::info("engine started: cache {:.0f} MiB, {}-token pages, batch {} tokens, {} running, queue {}", a.cache_mib,
                eo.page_tokens, eo.max_batch_tokens, eo.max_running, eo.max_waiting);
@@ -163,6 +165,9 @@ void add_serve(CLI::App& app) {
       ->capture_default_str();
   c->add_flag("--enable-test-hooks", a->server.test_hooks, "Accept the 'test_forced_output' request field (tests only)");
   c->add_option("--cache-mib", a->cache_mib, "KV cache pool budget in MiB (incl. the prefix cache)")->capture_default_str();
+  c->add_option("--state-mib", a->state_mib,
+                "Pool for per-sequence fixed state (window rings, compressor inputs) in MiB; 0 = bounded by --max-running only")
+      ->capture_default_str();
   c->add_option("--page-tokens", a->engine.page_tokens, "Tokens per cache page")->capture_default_str();
   c->add_option("--max-batch-tokens", a->engine.max_batch_tokens, "Token budget per engine step")->capture_default_str();
   c->add_option("--max-running", a->engine.max_running, "Sequences decoding at once")->capture_default_str();

@@ -53,6 +53,7 @@ class EngineImpl final : public Engine {
         rng_(std::random_device{}()),
         pool_(opts.threads > 0 ? opts.threads : ThreadPool::default_threads()) {
     stats_.cache_bytes_budget = opts_.cache_budget_bytes;
+    stats_.state_bytes_budget = opts_.state_budget_bytes;
     thread_ = std::thread([this] {
       kern::set_default_pool(&pool_);  // this thread's forward passes use the engine's pool
       loop();
@@ -193,6 +194,7 @@ class EngineImpl final : public Engine {
     stats_.running = sched_.running_choices();
     stats_.cache_pages_used = sched_.pool().pages_in_use();
     stats_.cache_bytes_used = sched_.pool().used_bytes();
+    stats_.state_bytes_used = sched_.state_pool().used_bytes();
     stats_.prefix_lookups = c.prefix_lookups;
     stats_.prefix_hit_tokens = c.prefix_hit_tokens;
     stats_.prefix_lookup_tokens = c.prefix_lookup_tokens;

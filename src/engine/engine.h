@@ -82,6 +82,9 @@ class RequestSink {
 
 struct EngineOptions {
   size_t cache_budget_bytes = size_t(1) << 30;  // paged compressed KV + index keys (incl. prefix cache)
+  // Per-sequence fixed state (window rings, compressor inputs), a pool of its own; admission waits
+  // until a request's choices fit. 0 = no limit beyond max_running.
+  size_t state_budget_bytes = 0;
   int page_tokens = 64;
   int max_batch_tokens = 512;    // token budget per step (decode tokens first, then prefill chunks)
   int max_running = 64;          // sequences decoding at once
@@ -108,6 +111,7 @@ struct EngineStats {
   int waiting = 0, running = 0;
   int64_t cache_pages_used = 0;
   size_t cache_bytes_used = 0, cache_bytes_budget = 0;
+  size_t state_bytes_used = 0, state_bytes_budget = 0;
   int64_t prefix_lookups = 0, prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
   int64_t preemptions = 0, steps = 0;
   size_t prefix_cache_bytes = 0;  // pages held by the prefix cache (part of cache_bytes_used)

@@ -50,6 +50,7 @@ Scheduler::Scheduler(const v41::Model& model, const EngineOptions& opts)
       opts_(opts),
       max_context_(effective_max_context(opts, model.config())),
       pool_(opts.cache_budget_bytes),
+      state_pool_(opts.state_budget_bytes ? opts.state_budget_bytes : SIZE_MAX),
       cache_(opts.page_tokens, format_id(model.config(), opts)),
       blank_(model.new_state(opts.max_rollback, opts.page_tokens, nullptr)),
       page_set_bytes_(blank_.bytes_needed(1)),
@@ -162,7 +163,15 @@ bool Scheduler::admit(Seq* s, int64_t& budget) {
   Request* r = s->req;
   const int64_t L = int64_t(s->tokens.size());
   const int pt = opts_.page_tokens;
-  s->state.emplace(model_.new_state(opts_.max_rollback, pt, &pool_));
+  // Every choice of the request needs its own fixed state: admit only when all of them fit, with
+  // the choices that running requests will fork after their prompts still counted as taken.
+  const size_t fixed = blank_.fixed_bytes();
+  auto pending_forks = [&](const Request* q) { return q->forked ? 0 : fixed * size_t(std::max(0, q->params.n - 1)); };
+  size_t promised = 0;
+  for (const Seq* o : running_)
+    if (o->choice == 0 && o->state) promised += pending_forks(o->req);
+  if (state_pool_.free_bytes() < fixed + pending_forks(r) + promised) return false;
+  s->state.emplace(model_.new_state(opts_.max_rollback, pt, &pool_, &state_pool_));
   int64_t cached = 0;
   if (opts_.prefix_cache) {
     // At least one token must run to produce the next token's logits.

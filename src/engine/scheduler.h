@@ -62,6 +62,7 @@ class Scheduler {
   int waiting_choices() const { return int(waiting_.size()); }
   const SchedulerCounters& counters() const { return counters_; }
   const v41::PagePool& pool() const { return pool_; }
+  const v41::PagePool& state_pool() const { return state_pool_; }
   PrefixCache& prefix_cache() { return cache_; }
   const PrefixCache& prefix_cache() const { return cache_; }
   const EngineOptions& options() const { return opts_; }
@@ -97,6 +98,7 @@ class Scheduler {
   EngineOptions opts_;
   int64_t max_context_;
   v41::PagePool pool_;
+  v41::PagePool state_pool_;  // fixed per-sequence state
   PrefixCache cache_;
   v41::SequenceState blank_;  // for sizing: bytes a fresh sequence needs
   size_t page_set_bytes_;     // one token page in every paged cache

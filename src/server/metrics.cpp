@@ -130,6 +130,8 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
     line(out, "deepinfer_cache_pages_used %" PRId64 "\n", es->cache_pages_used);
     header(out, "deepinfer_cache_bytes_used", "gauge", "Bytes of the KV cache pool in use.");
     line(out, "deepinfer_cache_bytes_used %zu\n", es->cache_bytes_used);
+    header(out, "deepinfer_state_bytes_used", "gauge", "Bytes of per-sequence fixed state (window rings) in use.");
+    line(out, "deepinfer_state_bytes_used %zu\n", es->state_bytes_used);
     header(out, "deepinfer_cache_bytes_budget", "gauge", "Bytes of the KV cache pool budget.");
     line(out, "deepinfer_cache_bytes_budget %zu\n", es->cache_bytes_budget);
     header(out, "deepinfer_prefix_cache_bytes", "gauge", "Bytes of cache pages held by the prefix cache (part of cache_bytes_used).");

@@ -110,8 +110,9 @@ class Model {
   }
   IndexKeyPolicy index_key_policy() const { return policy_; }
   void set_index_key_policy(IndexKeyPolicy p) { policy_ = p; }
-  SequenceState new_state(int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr) const {
-    return SequenceState(cfg_, max_rollback, page_tokens, pool);
+  SequenceState new_state(int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr,
+                          PagePool* state_pool = nullptr) const {
+    return SequenceState(cfg_, max_rollback, page_tokens, pool, state_pool);
   }
 
   // Runs `tokens` on `state`; writes fp32 logits ([1 or n][vocab]) to `logits`.

@@ -31,6 +31,17 @@ Page PagePool::allocate(size_t floats) {
   });
 }
 
+std::shared_ptr<void> PagePool::reserve(size_t bytes) {
+  size_t used = counters_->used.load();
+  do {
+    if (used + bytes > budget_)
+      throw CacheExhausted("state pool exhausted: " + std::to_string(used) + " of " + std::to_string(budget_) +
+                           " bytes in use, " + std::to_string(bytes) + " more needed");
+  } while (!counters_->used.compare_exchange_weak(used, used + bytes));
+  auto c = counters_;
+  return std::shared_ptr<void>(nullptr, [c, bytes](void*) { c->used.fetch_sub(bytes); });
+}
+
 size_t PagePool::used_bytes() const { return counters_->used.load(); }
 size_t PagePool::free_bytes() const { return budget_ - std::min(budget_, used_bytes()); }
 int64_t PagePool::pages_in_use() const { return counters_->pages.load(); }
@@ -84,7 +95,7 @@ void RowCache::truncate(int64_t n) {
   pages_.resize(size_t((n_ + rows_per_page_ - 1) / rows_per_page_));
 }
 
-SequenceState::SequenceState(const V41Config& cfg, int max_rollback, int page_tokens, PagePool* pool)
+SequenceState::SequenceState(const V41Config& cfg, int max_rollback, int page_tokens, PagePool* pool, PagePool* state_pool)
     : max_rollback_(max_rollback),
       window_cap_(cfg.window_size + max_rollback),
       comp_cap_(0),
@@ -110,6 +121,7 @@ SequenceState::SequenceState(const V41Config& cfg, int max_rollback, int page_to
       L.index_keys = RowCache(cfg.index_head_dim, rows_per_page, pool);
     }
   }
+  fixed_ = PoolReservation(state_pool, fixed_bytes());
 }
 
 void SequenceState::truncate(int64_t p) {
@@ -169,6 +181,12 @@ void SequenceState::adopt_prefix(const PrefixPages& pages, std::span<const int32
   }
   tokens_.assign(tokens.begin(), tokens.end());
   rollback_floor_ = pages.n_tokens;  // the window rings only get the prefix's last window back
+}
+
+size_t SequenceState::fixed_bytes() const {
+  size_t b = 0;
+  for (const auto& L : layers_) b += (L.window.size() + L.comp_inputs.size()) * sizeof(float);
+  return b;
 }
 
 size_t SequenceState::bytes() const {

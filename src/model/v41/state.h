@@ -35,6 +35,8 @@ class PagePool {
  public:
   explicit PagePool(size_t budget_bytes);
   Page allocate(size_t floats);  // throws CacheExhausted
+  // Charges `bytes` without allocating (memory owned elsewhere); released with the returned handle.
+  std::shared_ptr<void> reserve(size_t bytes);  // throws CacheExhausted
   size_t used_bytes() const;
   size_t budget_bytes() const { return budget_; }
   size_t free_bytes() const;
@@ -86,6 +88,27 @@ struct LayerState {
   RowCache index_keys;             // kv sources: [n_entries, index_head_dim]
 };
 
+// A charge against a pool for memory a sequence owns directly (its fixed state). Copying the owner
+// charges the pool again (and throws CacheExhausted when it cannot), so copies are accounted too.
+class PoolReservation {
+ public:
+  PoolReservation() = default;
+  PoolReservation(PagePool* pool, size_t bytes) : pool_(pool), bytes_(bytes), hold_(pool ? pool->reserve(bytes) : nullptr) {}
+  PoolReservation(const PoolReservation& o) : PoolReservation(o.pool_, o.bytes_) {}
+  PoolReservation& operator=(const PoolReservation& o) {
+    if (this != &o) *this = PoolReservation(o.pool_, o.bytes_);
+    return *this;
+  }
+  PoolReservation(PoolReservation&&) noexcept = default;
+  PoolReservation& operator=(PoolReservation&&) noexcept = default;
+  size_t bytes() const { return hold_ ? bytes_ : 0; }
+
+ private:
+  PagePool* pool_ = nullptr;
+  size_t bytes_ = 0;
+  std::shared_ptr<void> hold_;
+};
+
 // The compressed KV and index-key pages of a prefix of `n_tokens` tokens (a multiple of the page
 // size), per layer; empty for layers that are not KV sources.
 struct PrefixPages {
@@ -97,8 +120,10 @@ class SequenceState {
  public:
   // Pages hold `page_tokens` tokens' worth of rows in every layer (page_tokens / ratio rows), so
   // token page k of the sequence is page k of every cache. With a pool, pages count against its
-  // budget.
-  SequenceState(const V41Config& cfg, int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr);
+  // budget. With a state pool, the fixed per-sequence part (window rings, compressor inputs) is
+  // charged against it (a separate budget), and so is every copy.
+  SequenceState(const V41Config& cfg, int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr,
+                PagePool* state_pool = nullptr);
 
   int64_t pos() const { return int64_t(tokens_.size()); }  // number of tokens processed
   const std::vector<int32_t>& tokens() const { return tokens_; }
@@ -120,6 +145,8 @@ class SequenceState {
   void adopt_prefix(const PrefixPages& pages, std::span<const int32_t> tokens);
   // Bytes held (window rings, compressor tails, compressed rows, tokens).
   size_t bytes() const;
+  // Bytes of the fixed part (window rings and compressor inputs): what a state pool is charged.
+  size_t fixed_bytes() const;
 
   // Forward-pass internals.
   int window_cap() const { return window_cap_; }
@@ -134,6 +161,7 @@ class SequenceState {
   int max_rollback_, window_cap_, comp_cap_, page_tokens_;
   PagePool* pool_;
   int64_t rollback_floor_ = 0;
+  PoolReservation fixed_;
   std::vector<int32_t> tokens_;
   std::vector<LayerState> layers_;
   std::vector<int> ratios_;
