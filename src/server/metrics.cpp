@@ -16,6 +16,12 @@ void header(std::string& out, const char* name, const char* type, const char* he
   line(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+// A metric with one unlabelled sample: the name is written once, for both lines.
+void sample(std::string& out, const char* name, const char* type, const char* help, double value) {
+  header(out, name, type, help);
+  line(out, "%s %.17g\n", name, value);
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
@@ -88,14 +94,10 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
       auto it = finishes_.find(r);
       line(out, "deepinfer_request_finished_total{finish_reason=\"%s\"} %" PRId64 "\n", r, it == finishes_.end() ? 0 : it->second);
     }
-    header(out, "deepinfer_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
-    line(out, "deepinfer_prompt_tokens_total %" PRId64 "\n", prompt_tokens_);
-    header(out, "deepinfer_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache.");
-    line(out, "deepinfer_cached_prompt_tokens_total %" PRId64 "\n", cached_tokens_);
-    header(out, "deepinfer_generation_tokens_total", "counter", "Generated tokens of finished requests.");
-    line(out, "deepinfer_generation_tokens_total %" PRId64 "\n", generated_tokens_);
-    header(out, "deepinfer_open_streams", "gauge", "SSE responses in progress.");
-    line(out, "deepinfer_open_streams %" PRId64 "\n", streams_);
+    sample(out, "deepinfer_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", double(prompt_tokens_));
+    sample(out, "deepinfer_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache.", double(cached_tokens_));
+    sample(out, "deepinfer_generation_tokens_total", "counter", "Generated tokens of finished requests.", double(generated_tokens_));
+    sample(out, "deepinfer_open_streams", "gauge", "SSE responses in progress.", double(streams_));
   }
   header(out, "deepinfer_http_connections", "gauge", "Open HTTP connections.");
   line(out, "deepinfer_http_connections %d\n", open_connections);
@@ -110,49 +112,28 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
   e2e_.render("deepinfer_e2e_request_latency_seconds", out);
 
   if (es) {
-    header(out, "deepinfer_num_requests_waiting", "gauge", "Requests in the engine's waiting queue.");
-    line(out, "deepinfer_num_requests_waiting %d\n", es->waiting);
-    header(out, "deepinfer_num_requests_running", "gauge", "Sequences the engine is running.");
-    line(out, "deepinfer_num_requests_running %d\n", es->running);
-    header(out, "deepinfer_engine_requests_submitted_total", "counter", "Requests accepted by the engine.");
-    line(out, "deepinfer_engine_requests_submitted_total %" PRId64 "\n", es->requests_submitted);
-    header(out, "deepinfer_engine_requests_finished_total", "counter", "Requests the engine finished (any reason).");
-    line(out, "deepinfer_engine_requests_finished_total %" PRId64 "\n", es->requests_finished);
-    header(out, "deepinfer_engine_requests_rejected_total", "counter", "Submissions the engine rejected (queue full, too long).");
-    line(out, "deepinfer_engine_requests_rejected_total %" PRId64 "\n", es->requests_rejected);
-    header(out, "deepinfer_engine_prompt_tokens_total", "counter", "Prompt tokens the engine accepted.");
-    line(out, "deepinfer_engine_prompt_tokens_total %" PRId64 "\n", es->prompt_tokens);
-    header(out, "deepinfer_engine_cached_prompt_tokens_total", "counter", "Prompt tokens the engine took from the prefix cache.");
-    line(out, "deepinfer_engine_cached_prompt_tokens_total %" PRId64 "\n", es->cached_prompt_tokens);
-    header(out, "deepinfer_engine_generation_tokens_total", "counter", "Tokens the engine generated.");
-    line(out, "deepinfer_engine_generation_tokens_total %" PRId64 "\n", es->generated_tokens);
-    header(out, "deepinfer_cache_pages_used", "gauge", "KV cache pages in use (running sequences and the prefix cache).");
-    line(out, "deepinfer_cache_pages_used %" PRId64 "\n", es->cache_pages_used);
-    header(out, "deepinfer_cache_bytes_used", "gauge", "Bytes of the KV cache pool in use.");
-    line(out, "deepinfer_cache_bytes_used %zu\n", es->cache_bytes_used);
-    header(out, "deepinfer_state_bytes_used", "gauge", "Bytes of per-sequence fixed state (window rings) in use.");
-    line(out, "deepinfer_state_bytes_used %zu\n", es->state_bytes_used);
-    header(out, "deepinfer_cache_bytes_budget", "gauge", "Bytes of the KV cache pool budget.");
-    line(out, "deepinfer_cache_bytes_budget %zu\n", es->cache_bytes_budget);
-    header(out, "deepinfer_prefix_cache_bytes", "gauge", "Bytes of cache pages held by the prefix cache (part of cache_bytes_used).");
-    line(out, "deepinfer_prefix_cache_bytes %zu\n", es->prefix_cache_bytes);
-    header(out, "deepinfer_prefix_cache_entries", "gauge", "Pages the prefix cache holds.");
-    line(out, "deepinfer_prefix_cache_entries %" PRId64 "\n", es->prefix_cache_entries);
-    header(out, "deepinfer_prefix_cache_evictions_total", "counter", "Prefix-cache pages evicted (LRU).");
-    line(out, "deepinfer_prefix_cache_evictions_total %" PRId64 "\n", es->prefix_cache_evictions);
-    header(out, "deepinfer_prefix_cache_lookups_total", "counter", "Prefix-cache lookups.");
-    line(out, "deepinfer_prefix_cache_lookups_total %" PRId64 "\n", es->prefix_lookups);
-    header(out, "deepinfer_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
-    line(out, "deepinfer_prefix_cache_queried_tokens_total %" PRId64 "\n", es->prefix_lookup_tokens);
-    header(out, "deepinfer_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache.");
-    line(out, "deepinfer_prefix_cache_hit_tokens_total %" PRId64 "\n", es->prefix_hit_tokens);
-    header(out, "deepinfer_prefix_cache_hit_rate", "gauge", "hit tokens / queried tokens since start (0 before any lookup).");
-    line(out, "deepinfer_prefix_cache_hit_rate %.6f\n",
-         es->prefix_lookup_tokens > 0 ? double(es->prefix_hit_tokens) / double(es->prefix_lookup_tokens) : 0.0);
-    header(out, "deepinfer_preemptions_total", "counter", "Sequences preempted (recomputed) for lack of cache pages.");
-    line(out, "deepinfer_preemptions_total %" PRId64 "\n", es->preemptions);
-    header(out, "deepinfer_engine_steps_total", "counter", "Engine steps run.");
-    line(out, "deepinfer_engine_steps_total %" PRId64 "\n", es->steps);
+    sample(out, "deepinfer_num_requests_waiting", "gauge", "Requests in the engine's waiting queue.", double(es->waiting));
+    sample(out, "deepinfer_num_requests_running", "gauge", "Sequences the engine is running.", double(es->running));
+    sample(out, "deepinfer_engine_requests_submitted_total", "counter", "Requests accepted by the engine.", double(es->requests_submitted));
+    sample(out, "deepinfer_engine_requests_finished_total", "counter", "Requests the engine finished (any reason).", double(es->requests_finished));
+    sample(out, "deepinfer_engine_requests_rejected_total", "counter", "Submissions the engine rejected (queue full, too long).", double(es->requests_rejected));
+    sample(out, "deepinfer_engine_prompt_tokens_total", "counter", "Prompt tokens the engine accepted.", double(es->prompt_tokens));
+    sample(out, "deepinfer_engine_cached_prompt_tokens_total", "counter", "Prompt tokens the engine took from the prefix cache.", double(es->cached_prompt_tokens));
+    sample(out, "deepinfer_engine_generation_tokens_total", "counter", "Tokens the engine generated.", double(es->generated_tokens));
+    sample(out, "deepinfer_cache_pages_used", "gauge", "KV cache pages in use (running sequences and the prefix cache).", double(es->cache_pages_used));
+    sample(out, "deepinfer_cache_bytes_used", "gauge", "Bytes of the KV cache pool in use.", double(es->cache_bytes_used));
+    sample(out, "deepinfer_state_bytes_used", "gauge", "Bytes of per-sequence fixed state (window rings) in use.", double(es->state_bytes_used));
+    sample(out, "deepinfer_cache_bytes_budget", "gauge", "Bytes of the KV cache pool budget.", double(es->cache_bytes_budget));
+    sample(out, "deepinfer_prefix_cache_bytes", "gauge", "Bytes of cache pages held by the prefix cache (part of cache_bytes_used).", double(es->prefix_cache_bytes));
+    sample(out, "deepinfer_prefix_cache_entries", "gauge", "Pages the prefix cache holds.", double(es->prefix_cache_entries));
+    sample(out, "deepinfer_prefix_cache_evictions_total", "counter", "Prefix-cache pages evicted (LRU).", double(es->prefix_cache_evictions));
+    sample(out, "deepinfer_prefix_cache_lookups_total", "counter", "Prefix-cache lookups.", double(es->prefix_lookups));
+    sample(out, "deepinfer_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.", double(es->prefix_lookup_tokens));
+    sample(out, "deepinfer_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache.", double(es->prefix_hit_tokens));
+    sample(out, "deepinfer_prefix_cache_hit_rate", "gauge", "hit tokens / queried tokens since start (0 before any lookup).",
+           es->prefix_lookup_tokens > 0 ? double(es->prefix_hit_tokens) / double(es->prefix_lookup_tokens) : 0.0);
+    sample(out, "deepinfer_preemptions_total", "counter", "Sequences preempted (recomputed) for lack of cache pages.", double(es->preemptions));
+    sample(out, "deepinfer_engine_steps_total", "counter", "Engine steps run.", double(es->steps));
   }
   return out;
 }
