@@ -179,15 +179,18 @@ TEST(BenchServe, SequentialLatenciesMatchTheServer) {
   EXPECT_EQ(m.failed, 0);
   EXPECT_EQ(m.total_input, 64);   // 16 token ids each, known exactly
   EXPECT_EQ(m.total_output, 20);  // usage.completion_tokens
+  // Lower bounds are the fake server's delays; upper bounds leave room for a busy shared machine
+  // (CTest runs two tests at once on two cores), while TTFT must still end well before E2E.
   const auto& L = m.latency_ms;
   EXPECT_GE(L.at("median_ttft_ms"), 118);
-  EXPECT_LT(L.at("median_ttft_ms"), 190);
+  EXPECT_LT(L.at("median_ttft_ms"), 400);
   EXPECT_GE(L.at("mean_itl_ms"), 28);
-  EXPECT_LT(L.at("mean_itl_ms"), 60);
+  EXPECT_LT(L.at("mean_itl_ms"), 150);
   EXPECT_GE(L.at("mean_tpot_ms"), 28);
-  EXPECT_LT(L.at("mean_tpot_ms"), 60);
+  EXPECT_LT(L.at("mean_tpot_ms"), 150);
   EXPECT_GE(L.at("median_e2el_ms"), 238);
-  EXPECT_LT(L.at("median_e2el_ms"), 330);
+  EXPECT_LT(L.at("median_e2el_ms"), 800);
+  EXPECT_GE(L.at("median_e2el_ms") - L.at("median_ttft_ms"), 4 * 28) << "TTFT is taken at the first chunk";
   EXPECT_GE(L.at("p99_ttft_ms"), L.at("median_ttft_ms"));
   EXPECT_GE(L.at("p90_e2el_ms"), L.at("median_e2el_ms"));
   // One at a time: the run lasts at least 4 requests.
@@ -221,7 +224,7 @@ TEST(BenchServe, ConcurrentStreamsOverlap) {
   srv.gap_ms = 10;
   const ServeResult all = run_serve_bench(quick(srv, 8));  // unlimited: all 8 at once
   EXPECT_EQ(all.metrics.completed, 8);
-  EXPECT_LT(all.metrics.duration, 0.6);  // ~0.19 s when the streams overlap, 1.5 s if serialized
+  EXPECT_LT(all.metrics.duration, 1.2);  // ~0.19 s when the streams overlap, 1.5 s if serialized (busy machine: slack)
   EXPECT_EQ(srv.max_in_flight(), 8);
   EXPECT_GE(all.metrics.max_concurrent_requests, 8);
 
@@ -235,7 +238,7 @@ TEST(BenchServe, ConcurrentStreamsOverlap) {
   EXPECT_EQ(srv2.max_in_flight(), 2);
   EXPECT_GE(two.metrics.duration, 4 * 0.19);
   // Client-side queueing is not part of TTFT (as in vLLM): each request's clock starts when it is sent.
-  EXPECT_LT(two.metrics.latency_ms.at("p99_ttft_ms"), 260);
+  EXPECT_LT(two.metrics.latency_ms.at("p99_ttft_ms"), 600);
 }
 
 TEST(BenchServe, PoissonArrivals) {
