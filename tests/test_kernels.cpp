@@ -118,7 +118,8 @@ struct Shape {
   int64_t m, n, k;
 };
 const Shape kShapes[] = {{1, 1, 32},   {1, 33, 64},  {2, 31, 96},  {3, 64, 160}, {7, 100, 320},
-                         {1, 130, 256}, {64, 47, 128}, {129, 65, 96}, {8, 257, 512}, {5, 32, 1024}};
+                         {1, 130, 256}, {64, 47, 128}, {129, 65, 96}, {8, 257, 512}, {5, 32, 1024},
+                         {1, 16, 1024}, {2, 5, 2048}, {1, 200, 2048}};
 
 template <class Make, class RefFn, class KernFn, class AccFn>
 void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn, AccFn acc_fn) {
@@ -127,6 +128,7 @@ void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn,
   std::mt19937 g(1234);
   std::vector<Mismatch> mm(3);
   std::vector<int64_t> raw_total(3), raw_differ(3);
+  int packed_checked = 0;
   for (int rep = 0; rep < 3; ++rep)
     for (const Shape& s : kShapes) {
       const bool extreme = rep == 2;
@@ -149,6 +151,20 @@ void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn,
         ASSERT_EQ(0, std::memcmp(got.data(), got2.data(), got.size() * 4)) << what << ": 1 vs 2 threads";
         ASSERT_EQ(0, std::memcmp(got.data(), got3.data(), got.size() * 4)) << what << ": 1 vs 3 threads";
         ASSERT_EQ(0, std::memcmp(got.data(), rows.data(), got.size() * 4)) << what << ": batched vs row by row";
+        if (const size_t bytes = kern::packed_bytes(w.view)) {
+          // The load-time repacked layout gives the same bits as the checkpoint layout.
+          std::vector<uint8_t> buf(bytes + 64, 0xAB);
+          uint8_t* aligned = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+          kern::pack_weight(w.view, aligned, &pool3);
+          auto wp = w;
+          wp.view.packed = aligned;
+          std::vector<float> packed1(want.size(), -4.f), packed2(want.size(), -5.f);
+          kern_fn(x.data(), s.m, wp, packed1.data(), nullptr);
+          kern_fn(x.data(), s.m, wp, packed2.data(), &pool2);
+          ASSERT_EQ(0, std::memcmp(got.data(), packed1.data(), got.size() * 4)) << what << ": repacked weights";
+          ASSERT_EQ(0, std::memcmp(got.data(), packed2.data(), got.size() * 4)) << what << ": repacked weights, 2 threads";
+          ++packed_checked;
+        }
         if (isa == kern::Isa::Scalar) {  // the dispatch's scalar path is the reference itself
           ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << what;
         } else {
@@ -171,6 +187,9 @@ void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn,
         }
       }
     }
+  if (kern::isa_supported(kern::Isa::Avx512)) {
+    EXPECT_GT(packed_checked, 0) << "the AVX-512 path has a repacked layout; it must be tested";
+  }
   for (kern::Isa isa : isas()) {
     const Mismatch& m = mm[size_t(isa)];
     if (isa == kern::Isa::Scalar) continue;

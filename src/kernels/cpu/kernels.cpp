@@ -151,4 +151,13 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
   }
 }
 
+size_t packed_bytes(const ref::Fp8Weight& w) { return current() == Isa::Avx512 ? avx512::packed_bytes_fp8(w) : 0; }
+size_t packed_bytes(const ref::Fp4Weight& w) { return current() == Isa::Avx512 ? avx512::packed_bytes_fp4(w) : 0; }
+void pack_weight(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
+  if (packed_bytes(w)) avx512::pack_weight_fp8(w, dst, pool ? pool : pool_slot());
+}
+void pack_weight(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
+  if (packed_bytes(w)) avx512::pack_weight_fp4(w, dst, pool ? pool : pool_slot());
+}
+
 }  // namespace di::kern

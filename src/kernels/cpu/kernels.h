@@ -4,6 +4,7 @@
 // reference (tests/test_kernels.cpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/ref_ops.h"
@@ -36,5 +37,14 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool = nullptr);
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out);
+
+// Load-time repacking (like llama.cpp's CPU "repack" buffers): the same E4M3/E2M1 codes and E8M0
+// scales, reordered so that the active ISA's kernels stream them without transposing. packed_bytes
+// is 0 when the active ISA reads the checkpoint layout directly (then leave `packed` null).
+// The kernels use `w.packed` only on the ISA that packed it; results are bit-identical either way.
+size_t packed_bytes(const ref::Fp8Weight& w);
+size_t packed_bytes(const ref::Fp4Weight& w);
+void pack_weight(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);  // dst: 64-byte aligned
+void pack_weight(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);
 
 }  // namespace di::kern

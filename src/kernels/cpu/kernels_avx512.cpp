@@ -223,6 +223,33 @@ void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, 
   }
 }
 
+// ---- Repacked ("panel") layout, built once at load time by pack_weight ----
+// FP8: per panel of 32 output columns, K block and K pair j, one 64-byte chunk laid out so that
+// the table conversion's unpacklo/unpackhi land directly in the microkernel's [pair][column]
+// order: byte 16L + 2q + e is column 4L + q, byte 16L + 8 + 2q + e column 16 + 4L + q (lane L,
+// element e of the pair). FP4: per pair 32 bytes in column order (one byte = one pair), then,
+// after all weights, 32 scale bytes per (panel, block) in column order. Rows past `out` are zero.
+inline int64_t n_panels(int64_t out) { return (out + kPanel - 1) / kPanel; }
+
+void convert_packed_fp8(const uint8_t* src, int64_t kb0, int64_t kb1, const Fp8Lut& t, uint32_t* dst) {
+  const __m512i sign = _mm512_set1_epi32(int(0x80808080u));
+  for (int64_t i = 0; i < (kb1 - kb0) * 16; ++i) {
+    const __m512i b = _mm512_loadu_si512(src + (kb0 * 16 + i) * 64);
+    const __m512i lo = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, sign, 0xF8);
+    _mm512_storeu_si512(dst + i * kPanel, _mm512_unpacklo_epi8(lo, hi));
+    _mm512_storeu_si512(dst + i * kPanel + 16, _mm512_unpackhi_epi8(lo, hi));
+  }
+}
+
+void convert_packed_fp4(const uint8_t* src, int64_t kb0, int64_t kb1, __m512i table, uint32_t* dst) {
+  for (int64_t i = 0; i < (kb1 - kb0) * 16; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (kb0 * 16 + i) * 32 + h * 16)));
+      _mm512_storeu_si512(dst + i * kPanel + h * 16, _mm512_permutexvar_epi16(_mm512_or_si512(x, _mm512_slli_epi32(x, 12)), table));
+    }
+}
+
 // bf16 of the 16 E2M1 codes, repeated for indices 16..31 (bit 4 of the index is the neighbour's).
 __m512i e2m1_table() {
   alignas(64) uint16_t t[32];
@@ -236,51 +263,67 @@ inline __m512bh bcast_pair(const uint16_t* p) {
   return (__m512bh)_mm512_set1_epi32(v);
 }
 
-// Totals T[R][32] += per block: (block sum of the pair products) x act_scale x weight_scale.
-template <int R>
+// Totals += per block: (block sum of the pair products) x act_scale x weight_scale, for R rows and
+// P panels. Panel q's converted weights are at panel + q * pstride, its scales at sw + q * sstride,
+// the totals of (row r, panel q) at T + (r * P + q) * 32. Several panels at small R keep enough
+// independent vdpbf16ps chains in flight to cover the instruction's latency; each column's own
+// chain (and so its rounding) is the same for every R and P.
+template <int R, int P>
 inline void micro(const uint16_t* xq, int64_t ldx, const float* sa, int64_t lds, const uint32_t* panel,
-                  const float* sw, int nb, float* T) {
-  __m512 t0[R], t1[R];
-  for (int r = 0; r < R; ++r) {
-    t0[r] = _mm512_loadu_ps(T + r * kPanel);
-    t1[r] = _mm512_loadu_ps(T + r * kPanel + 16);
-  }
+                  int64_t pstride, const float* sw, int64_t sstride, int nb, float* T) {
+  __m512 t[R][P][2];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q)
+      for (int h = 0; h < 2; ++h) t[r][q][h] = _mm512_loadu_ps(T + (r * P + q) * kPanel + h * 16);
   for (int b = 0; b < nb; ++b) {
-    __m512 p0[R], p1[R];
-    for (int r = 0; r < R; ++r) p0[r] = p1[r] = _mm512_setzero_ps();
-    const uint32_t* pw = panel + b * 16 * kPanel;
+    __m512 acc[R][P][2];
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < P; ++q) acc[r][q][0] = acc[r][q][1] = _mm512_setzero_ps();
     const uint16_t* xb = xq + b * 32;
     for (int j = 0; j < 16; ++j) {
-      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(pw + j * kPanel);
-      const __m512bh w1 = (__m512bh)_mm512_loadu_si512(pw + j * kPanel + 16);
+      __m512bh w[P][2];
+      for (int q = 0; q < P; ++q) {
+        const uint32_t* pw = panel + q * pstride + (b * 16 + j) * kPanel;
+        w[q][0] = (__m512bh)_mm512_loadu_si512(pw);
+        w[q][1] = (__m512bh)_mm512_loadu_si512(pw + 16);
+      }
       for (int r = 0; r < R; ++r) {
         const __m512bh xv = bcast_pair(xb + r * ldx + 2 * j);
-        p0[r] = _mm512_dpbf16_ps(p0[r], w0, xv);
-        p1[r] = _mm512_dpbf16_ps(p1[r], w1, xv);
+        for (int q = 0; q < P; ++q)
+          for (int h = 0; h < 2; ++h) acc[r][q][h] = _mm512_dpbf16_ps(acc[r][q][h], w[q][h], xv);
       }
     }
-    const __m512 s0 = _mm512_loadu_ps(sw + b * kPanel), s1 = _mm512_loadu_ps(sw + b * kPanel + 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(sa[r * lds + b]);
-      t0[r] = _mm512_add_ps(t0[r], _mm512_mul_ps(_mm512_mul_ps(p0[r], a), s0));
-      t1[r] = _mm512_add_ps(t1[r], _mm512_mul_ps(_mm512_mul_ps(p1[r], a), s1));
-    }
+    for (int q = 0; q < P; ++q)
+      for (int h = 0; h < 2; ++h) {
+        const __m512 s = _mm512_loadu_ps(sw + q * sstride + b * kPanel + h * 16);
+        for (int r = 0; r < R; ++r) {
+          const __m512 a = _mm512_set1_ps(sa[r * lds + b]);
+          t[r][q][h] = _mm512_add_ps(t[r][q][h], _mm512_mul_ps(_mm512_mul_ps(acc[r][q][h], a), s));
+        }
+      }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(T + r * kPanel, t0[r]);
-    _mm512_storeu_ps(T + r * kPanel + 16, t1[r]);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q)
+      for (int h = 0; h < 2; ++h) _mm512_storeu_ps(T + (r * P + q) * kPanel + h * 16, t[r][q][h]);
 }
 
+// Row tiles: up to kRowTile rows of one panel, or (at m = 1, 2) rows of several panels at once.
+template <int P>
 inline void micro_rows(int R, const uint16_t* xq, int64_t ldx, const float* sa, int64_t lds, const uint32_t* panel,
-                       const float* sw, int nb, float* T) {
-  switch (R) {
-    case 1: micro<1>(xq, ldx, sa, lds, panel, sw, nb, T); break;
-    case 2: micro<2>(xq, ldx, sa, lds, panel, sw, nb, T); break;
-    case 3: micro<3>(xq, ldx, sa, lds, panel, sw, nb, T); break;
-    case 4: micro<4>(xq, ldx, sa, lds, panel, sw, nb, T); break;
-    case 5: micro<5>(xq, ldx, sa, lds, panel, sw, nb, T); break;
-    default: micro<6>(xq, ldx, sa, lds, panel, sw, nb, T); break;
+                       int64_t pstride, const float* sw, int64_t sstride, int nb, float* T) {
+  if constexpr (P == 4) {
+    micro<1, 4>(xq, ldx, sa, lds, panel, pstride, sw, sstride, nb, T);
+  } else if constexpr (P == 2) {
+    micro<2, 2>(xq, ldx, sa, lds, panel, pstride, sw, sstride, nb, T);
+  } else {
+    switch (R) {
+      case 1: micro<1, 1>(xq, ldx, sa, lds, panel, pstride, sw, sstride, nb, T); break;
+      case 2: micro<2, 1>(xq, ldx, sa, lds, panel, pstride, sw, sstride, nb, T); break;
+      case 3: micro<3, 1>(xq, ldx, sa, lds, panel, pstride, sw, sstride, nb, T); break;
+      case 4: micro<4, 1>(xq, ldx, sa, lds, panel, pstride, sw, sstride, nb, T); break;
+      case 5: micro<5, 1>(xq, ldx, sa, lds, panel, pstride, sw, sstride, nb, T); break;
+      default: micro<6, 1>(xq, ldx, sa, lds, panel, pstride, sw, sstride, nb, T); break;
+    }
   }
 }
 
@@ -320,39 +363,113 @@ void quantize_rows(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPo
 // gives its fp32 weight scale.
 // pack(n0, nvalid, kb0, kb1, panel) converts the panel's weights; scales(n0, nvalid, kb0, kb1, sw)
 // writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
-template <class Pack, class Scales>
-void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales scales, float* y,
+template <int P, class Pack, class Scales>
+void linear_q_panels(const uint16_t* xq, const float* sa, int64_t m, int64_t K, int64_t N, Pack& pack,
+                     Scales& scales, float* y, ThreadPool* pool) {
+  constexpr int kBlocks = kChunkBlocks / P;  // the P converted panels stay within 16 KB of L1
+  constexpr int64_t pstride = kBlocks * 16 * kPanel, sstride = kBlocks * kPanel;
+  const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel, ngroups = (npanels + P - 1) / P;
+  run(pool, ngroups, 1, [&](int64_t g0, int64_t g1, int) {
+    alignas(64) static thread_local uint32_t panel[kChunkBlocks * 16 * kPanel];
+    alignas(64) static thread_local float sw[kChunkBlocks * kPanel];
+    thread_local std::vector<float> totals;
+    if (int64_t(totals.size()) < m * P * kPanel) totals.resize(size_t(m * P * kPanel));
+    float* T = totals.data();
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const int64_t first = grp * P;
+      const int np = int(std::min<int64_t>(P, npanels - first));  // the last group may be short
+      std::fill(T, T + m * P * kPanel, 0.f);
+      for (int64_t kb0 = 0; kb0 < nkb; kb0 += kBlocks) {
+        const int64_t kb1 = std::min(nkb, kb0 + kBlocks);
+        for (int q = 0; q < P; ++q) {
+          // A missing panel of a short group reuses the last one; its totals are not stored.
+          const int64_t n0 = std::min(first + q, npanels - 1) * kPanel;
+          const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
+          pack(n0, nvalid, kb0, kb1, panel + q * pstride);
+          scales(n0, nvalid, kb0, kb1, sw + q * sstride);
+        }
+        for (int64_t r0 = 0; r0 < m; r0 += kRowTile)
+          micro_rows<P>(int(std::min<int64_t>(kRowTile, m - r0)), xq + r0 * K + kb0 * 32, K, sa + r0 * nkb + kb0, nkb,
+                        panel, pstride, sw, sstride, int(kb1 - kb0), T + r0 * P * kPanel);
+      }
+      const bool round = !detail::unrounded_quant_output;
+      for (int q = 0; q < np; ++q) {
+        const int64_t n0 = (first + q) * kPanel;
+        const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
+        const __mmask16 k0 = __mmask16(nvalid >= 16 ? 0xffff : (1u << nvalid) - 1);
+        const __mmask16 k1 = __mmask16(nvalid <= 16 ? 0 : nvalid >= 32 ? 0xffff : (1u << (nvalid - 16)) - 1);
+        for (int64_t r = 0; r < m; ++r) {
+          const float* t = T + (r * P + q) * kPanel;
+          const __m512 t0 = _mm512_loadu_ps(t), t1 = _mm512_loadu_ps(t + 16);
+          _mm512_mask_storeu_ps(y + r * N + n0, k0, round ? round_bf16_ps(t0) : t0);
+          _mm512_mask_storeu_ps(y + r * N + n0 + 16, k1, round ? round_bf16_ps(t1) : t1);
+        }
+      }
+    }
+  });
+}
+
+// The shared FP8/FP4 driver. pack(n0, nvalid, kb0, kb1, panel) converts a panel's weights;
+// scales(n0, nvalid, kb0, kb1, sw) writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
+template <class Pack, class Scales, class Fused>
+void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales scales, Fused fused, float* y,
               ThreadPool* pool) {
   thread_local ActScratch act;
   quantize_rows(x, m, K, act, pool);
   const uint16_t* xq = act.xq.data();
   const float* sa = act.sa.data();
+  if (m == 1 && fused(xq, sa)) return;
+  if (m == 1) linear_q_panels<4>(xq, sa, m, K, N, pack, scales, y, pool);
+  else if (m == 2) linear_q_panels<2>(xq, sa, m, K, N, pack, scales, y, pool);
+  else linear_q_panels<1>(xq, sa, m, K, N, pack, scales, y, pool);
+}
+
+// m = 1 on repacked weights: converts each pair in registers and feeds vdpbf16ps directly (no
+// panel buffer), P panels at a time for independent chains. Same per-column order as micro.
+// cvt(q_base, pair, w0, w1) converts pair `pair` (= kb * 16 + j) of the panel at q_base;
+// scale(panel, kb, s0, s1) gives the panel's 32 fp32 weight scales of block kb.
+template <class Cvt, class Scale>
+void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N, const uint8_t* packed,
+                      int64_t panel_bytes, Cvt& cvt, Scale& scale, float* y, ThreadPool* pool) {
+  constexpr int P = 4;
   const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel;
-  run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
-    alignas(64) static thread_local uint32_t panel[kChunkBlocks * 16 * kPanel];
-    alignas(64) static thread_local float sw[kChunkBlocks * kPanel];
-    thread_local std::vector<float> totals;
-    if (int64_t(totals.size()) < m * kPanel) totals.resize(size_t(m * kPanel));
-    float* T = totals.data();
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n0 = p * kPanel;
-      const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
-      std::fill(T, T + m * kPanel, 0.f);
-      for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunkBlocks) {
-        const int64_t kb1 = std::min(nkb, kb0 + kChunkBlocks);
-        pack(n0, nvalid, kb0, kb1, panel);
-        scales(n0, nvalid, kb0, kb1, sw);
-        for (int64_t r0 = 0; r0 < m; r0 += kRowTile)
-          micro_rows(int(std::min<int64_t>(kRowTile, m - r0)), xq + r0 * K + kb0 * 32, K, sa + r0 * nkb + kb0, nkb,
-                     panel, sw, int(kb1 - kb0), T + r0 * kPanel);
+  run(pool, (npanels + P - 1) / P, 1, [&](int64_t g0, int64_t g1, int) {
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const int64_t first = grp * P;
+      const int np = int(std::min<int64_t>(P, npanels - first));
+      const uint8_t* base[P];
+      for (int q = 0; q < P; ++q) base[q] = packed + std::min(first + q, npanels - 1) * panel_bytes;
+      __m512 t[P][2];
+      for (int q = 0; q < P; ++q) t[q][0] = t[q][1] = _mm512_setzero_ps();
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        __m512 acc[P][2];
+        for (int q = 0; q < P; ++q) acc[q][0] = acc[q][1] = _mm512_setzero_ps();
+        const uint16_t* xb = xq + kb * 32;
+        for (int j = 0; j < 16; ++j) {
+          const __m512bh xv = bcast_pair(xb + 2 * j);
+          for (int q = 0; q < P; ++q) {
+            __m512i w0, w1;
+            cvt(base[q], kb * 16 + j, w0, w1);
+            acc[q][0] = _mm512_dpbf16_ps(acc[q][0], (__m512bh)w0, xv);
+            acc[q][1] = _mm512_dpbf16_ps(acc[q][1], (__m512bh)w1, xv);
+          }
+        }
+        const __m512 a = _mm512_set1_ps(sa[kb]);
+        for (int q = 0; q < P; ++q) {
+          __m512 s0, s1;
+          scale(std::min(first + q, npanels - 1), kb, s0, s1);
+          t[q][0] = _mm512_add_ps(t[q][0], _mm512_mul_ps(_mm512_mul_ps(acc[q][0], a), s0));
+          t[q][1] = _mm512_add_ps(t[q][1], _mm512_mul_ps(_mm512_mul_ps(acc[q][1], a), s1));
+        }
       }
-      const __mmask16 k0 = __mmask16(nvalid >= 16 ? 0xffff : (1u << nvalid) - 1);
-      const __mmask16 k1 = __mmask16(nvalid <= 16 ? 0 : nvalid >= 32 ? 0xffff : (1u << (nvalid - 16)) - 1);
       const bool round = !detail::unrounded_quant_output;
-      for (int64_t r = 0; r < m; ++r) {
-        const __m512 t0 = _mm512_loadu_ps(T + r * kPanel), t1 = _mm512_loadu_ps(T + r * kPanel + 16);
-        _mm512_mask_storeu_ps(y + r * N + n0, k0, round ? round_bf16_ps(t0) : t0);
-        _mm512_mask_storeu_ps(y + r * N + n0 + 16, k1, round ? round_bf16_ps(t1) : t1);
+      for (int q = 0; q < np; ++q) {
+        const int64_t n0 = (first + q) * kPanel;
+        const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
+        const __mmask16 k0 = __mmask16(nvalid >= 16 ? 0xffff : (1u << nvalid) - 1);
+        const __mmask16 k1 = __mmask16(nvalid <= 16 ? 0 : nvalid >= 32 ? 0xffff : (1u << (nvalid - 16)) - 1);
+        _mm512_mask_storeu_ps(y + n0, k0, round ? round_bf16_ps(t[q][0]) : t[q][0]);
+        _mm512_mask_storeu_ps(y + n0 + 16, k1, round ? round_bf16_ps(t[q][1]) : t[q][1]);
       }
     }
   });
@@ -406,6 +523,68 @@ void linear_f64(int64_t m, int64_t N, int64_t K, Dot&& dot, float* y, ThreadPool
   });
 }
 
+// ---- fp64 linears on bf16-exact weights (bf16, FP8 x block scale) ----
+// Exact products summed in fp64 and rounded once. The activation rows are converted to fp64 once
+// per call (in the order the weight loop consumes them) and four weight rows share each x load;
+// the weight conversions avoid cross-lane shuffles where they can, which bound these loops.
+// Each output's sum order depends on K only, never on m, the tile or the thread split.
+
+constexpr int kRows64 = 4;  // weight rows per inner loop
+
+// Widened x for the bf16 kernel: per 16 K, x[k + 2d] for d = 0..7, then x[k + 2d + 1].
+void widen_x_bf16(const float* x, int64_t K, double* xd) {
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16)
+    for (int d = 0; d < 8; ++d) xd[k + d] = x[k + 2 * d], xd[k + 8 + d] = x[k + 2 * d + 1];
+  for (; k < K; ++k) xd[k] = x[k];
+}
+
+// sums[i] = sum_k x[k] w_i(k) for kRows64 weight rows; wv(i, k, lo, hi) gives weights k..k+15 of
+// row i as two fp64 vectors in the order of xd; w1(i, k) one weight (the K % 16 tail).
+template <class W16, class W1>
+inline void dot4_f64(const double* xd, int64_t K, int rows, W16&& wv, W1&& w1, double* sums) {
+  __m512d a[kRows64][2];
+  for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm512_setzero_pd();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512d x0 = _mm512_loadu_pd(xd + k), x1 = _mm512_loadu_pd(xd + k + 8);
+    for (int i = 0; i < kRows64; ++i) {
+      if (i >= rows) break;
+      __m512d w0, w1v;
+      wv(i, k, w0, w1v);
+      a[i][0] = _mm512_fmadd_pd(x0, w0, a[i][0]);
+      a[i][1] = _mm512_fmadd_pd(x1, w1v, a[i][1]);
+    }
+  }
+  for (int i = 0; i < rows; ++i) {
+    double tail = 0;
+    for (int64_t t = k; t < K; ++t) tail += xd[t] * w1(i, t);
+    sums[i] = _mm512_reduce_add_pd(_mm512_add_pd(a[i][0], a[i][1])) + tail;
+  }
+}
+
+// y[r, n] = out(n, sum) over m rows; columns split over threads in tiles of kRows64.
+template <class Widen, class Dot4, class Out>
+void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& widen, Dot4&& dot4, Out&& out, float* y,
+                     ThreadPool* pool) {
+  thread_local std::vector<double> xs;
+  if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
+  double* xd = xs.data();
+  for (int64_t r = 0; r < m; ++r) widen(x + r * K, K, xd + r * K);
+  const int64_t tiles = (N + kRows64 - 1) / kRows64;
+  run(pool, tiles, 4, [&](int64_t t0, int64_t t1, int) {
+    double sums[kRows64];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kRows64;
+      const int rows = int(std::min<int64_t>(kRows64, N - n0));
+      for (int64_t r = 0; r < m; ++r) {
+        dot4(xd + r * K, n0, rows, sums);
+        for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = out(float(sums[i]));
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
@@ -414,13 +593,32 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
   const int64_t K = w.in, nkb = K / 32;
   linear_q(
       x, m, K, w.out,
-      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) { pack_fp8(w.w, K, n0, nvalid, kb0, kb1, lut, dst); },
+      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) {
+        if (w.packed) convert_packed_fp8(w.packed + (n0 / kPanel) * nkb * 1024, kb0, kb1, lut, dst);
+        else pack_fp8(w.w, K, n0, nvalid, kb0, kb1, lut, dst);
+      },
       [&](int64_t n0, int, int64_t kb0, int64_t kb1, float* sw) {  // one scale per 32 x 32 block
         for (int64_t kb = kb0; kb < kb1; ++kb) {
           const __m512 v = _mm512_set1_ps(e8[w.scale[(n0 / 32) * nkb + kb]]);
           _mm512_storeu_ps(sw + (kb - kb0) * kPanel, v);
           _mm512_storeu_ps(sw + (kb - kb0) * kPanel + 16, v);
         }
+      },
+      [&](const uint16_t* xq, const float* sa) {
+        if (!w.packed) return false;
+        const __m512i sign = _mm512_set1_epi32(int(0x80808080u));
+        auto cvt = [&](const uint8_t* base, int64_t pair, __m512i& w0, __m512i& w1) {
+          const __m512i b = _mm512_loadu_si512(base + pair * 64);
+          const __m512i lo = _mm512_permutex2var_epi8(lut.lo0, b, lut.lo1);
+          const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(lut.hi0, b, lut.hi1), b, sign, 0xF8);
+          w0 = _mm512_unpacklo_epi8(lo, hi);
+          w1 = _mm512_unpackhi_epi8(lo, hi);
+        };
+        auto scale = [&](int64_t panel, int64_t kb, __m512& s0, __m512& s1) {
+          s0 = s1 = _mm512_set1_ps(e8[w.scale[panel * nkb + kb]]);
+        };
+        linear_q1_packed(xq, sa, K, w.out, w.packed, nkb * 1024, cvt, scale, y, pool);
+        return true;
       },
       y, pool);
 }
@@ -430,8 +628,20 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
   const __m512i table = e2m1_table();
   linear_q(
       x, m, K, w.out,
-      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) { pack_fp4(w.w, K, n0, nvalid, kb0, kb1, table, dst); },
+      [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) {
+        if (w.packed) convert_packed_fp4(w.packed + (n0 / kPanel) * nkb * 512, kb0, kb1, table, dst);
+        else pack_fp4(w.w, K, n0, nvalid, kb0, kb1, table, dst);
+      },
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* sw) {  // one scale per row and block
+        if (w.packed) {
+          const uint8_t* ps = w.packed + n_panels(w.out) * nkb * 512 + (n0 / kPanel) * nkb * 32;
+          for (int64_t kb = kb0; kb < kb1; ++kb)
+            for (int g = 0; g < 2; ++g) {
+              const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kb * 32 + g * 16)));
+              _mm512_storeu_ps(sw + (kb - kb0) * kPanel + g * 16, e8m0_ps(codes));
+            }
+          return;
+        }
         const __m512i lane = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                 _mm512_set1_epi32(int(nkb)));
         for (int g = 0; g < 2; ++g) {
@@ -445,21 +655,43 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
           }
         }
       },
+      [&](const uint16_t* xq, const float* sa) {
+        if (!w.packed) return false;
+        const uint8_t* ps = w.packed + n_panels(w.out) * nkb * 512;
+        auto cvt = [&](const uint8_t* base, int64_t pair, __m512i& w0, __m512i& w1) {
+          const __m512i x0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + pair * 32)));
+          const __m512i x1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + pair * 32 + 16)));
+          w0 = _mm512_permutexvar_epi16(_mm512_or_si512(x0, _mm512_slli_epi32(x0, 12)), table);
+          w1 = _mm512_permutexvar_epi16(_mm512_or_si512(x1, _mm512_slli_epi32(x1, 12)), table);
+        };
+        auto scale = [&](int64_t panel, int64_t kb, __m512& s0, __m512& s1) {
+          const uint8_t* c = ps + (panel * nkb + kb) * 32;
+          s0 = e8m0_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
+          s1 = e8m0_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16))));
+        };
+        linear_q1_packed(xq, sa, K, w.out, w.packed, nkb * 512, cvt, scale, y, pool);
+        return true;
+      },
       y, pool);
 }
 
 void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
   const int64_t K = w.in;
-  linear_f64(
-      m, w.out, K,
-      [&](int64_t r, int64_t n) {
-        const uint16_t* wr = w.w + n * K;
-        const float v = dot_f64(
-            x + r * K, K, [&](int64_t k) { return bf16x8_pd(wr + k); },
-            [&](int64_t k) { return double(bits_f32(uint32_t(wr[k]) << 16)); });
-        return round_out ? round_bf16(v) : v;
+  linear_f64_rows(
+      x, m, w.out, K, widen_x_bf16,
+      [&](const double* xd, int64_t n0, int rows, double* sums) {
+        const uint16_t* w0 = w.w + n0 * K;
+        dot4_f64(
+            xd, K, rows,
+            [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
+              // 16 bf16 = 8 dwords: the even elements are the low words, the odd the high words.
+              const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + i * K + k));
+              lo = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+              hi = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u)))));
+            },
+            [&](int i, int64_t k) { return double(bits_f32(uint32_t(w0[i * K + k]) << 16)); }, sums);
       },
-      y, pool);
+      [&](float v) { return round_out ? round_bf16(v) : v; }, y, pool);
 }
 
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
@@ -478,19 +710,28 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, nkb = (K + 31) / 32;
-  linear_f64(
-      m, w.out, K,
-      [&](int64_t r, int64_t n) {
-        const uint8_t* wr = w.w + n * K;
-        const uint8_t* sr = w.scale + (n / 32) * nkb;
-        // The reference's weight is the fp32 product e4m3 x scale.
-        const float v = dot_f64(
-            x + r * K, K,
-            [&](int64_t k) { return _mm512_cvtps_pd(_mm256_mul_ps(e4m3x8_ps(wr + k), _mm256_set1_ps(e8[sr[k / 32]]))); },
-            [&](int64_t k) { return double(e4m3_to_f32(wr[k]) * e8[sr[k / 32]]); });
-        return round_bf16(v);
+  linear_f64_rows(
+      x, m, w.out, K, [](const float* xr, int64_t k, double* xd) { for (int64_t i = 0; i < k; ++i) xd[i] = xr[i]; },
+      [&](const double* xd, int64_t n0, int rows, double* sums) {
+        const uint8_t* w0 = w.w + n0 * K;
+        const uint8_t* srow = w.scale + (n0 / 32) * nkb;  // n0 is a multiple of 4: the tile shares a scale row
+        dot4_f64(
+            xd, K, rows,
+            [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
+              // E4M3 -> fp16 (the same bits shifted: value x 2^-8, subnormals included) -> fp32,
+              // then x 256 x the block scale (powers of two: exact): the reference's fp32 weight.
+              const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + i * K + k)));
+              __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(0x3f80)),
+                                          _mm256_and_si256(_mm256_slli_epi16(c, 8), _mm256_set1_epi16(int16_t(0x8000))));
+              const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7f));
+              h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
+              const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f)), _mm512_set1_ps(e8[srow[k / 32]]));
+              lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+              hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+            },
+            [&](int i, int64_t k) { return double(e4m3_to_f32(w0[i * K + k]) * e8[srow[k / 32]]); }, sums);
       },
-      y, pool);
+      [](float v) { return round_bf16(v); }, y, pool);
 }
 
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
@@ -592,6 +833,46 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       _mm512_storeu_ps(oh + i, round_bf16_ps(_mm512_div_ps(_mm512_loadu_ps(ah + i), _mm512_set1_ps(dn))));
     for (; i < d; ++i) oh[i] = round_bf16(ah[i] / dn);
   }
+}
+
+size_t packed_bytes_fp8(const ref::Fp8Weight& w) {
+  return w.in % 32 ? 0 : size_t(n_panels(w.out) * (w.in / 32) * 1024);
+}
+size_t packed_bytes_fp4(const ref::Fp4Weight& w) {
+  return w.in % 32 ? 0 : size_t(n_panels(w.out) * (w.in / 32) * (512 + 32));
+}
+
+void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
+  const int64_t K = w.in, nkb = K / 32;
+  run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t kb = 0; kb < nkb; ++kb)
+        for (int j = 0; j < 16; ++j) {
+          uint8_t* c = dst + ((p * nkb + kb) * 16 + j) * 64;
+          for (int col = 0; col < kPanel; ++col) {
+            const int64_t n = p * kPanel + col;
+            const int half = col / 16, L = (col % 16) / 4, q = col % 4;
+            for (int e = 0; e < 2; ++e)
+              c[16 * L + 8 * half + 2 * q + e] = n < w.out ? w.w[n * K + kb * 32 + 2 * j + e] : 0;
+          }
+        }
+  });
+}
+
+void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
+  const int64_t nkb = w.in / 32, row_bytes = w.in / 2;
+  uint8_t* scales = dst + n_panels(w.out) * nkb * 512;
+  run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        for (int col = 0; col < kPanel; ++col) {
+          const int64_t n = p * kPanel + col;
+          for (int j = 0; j < 16; ++j)
+            dst[((p * nkb + kb) * 16 + j) * 32 + col] = n < w.out ? w.w[n * row_bytes + kb * 16 + j] : 0;
+          scales[(p * nkb + kb) * 32 + col] = n < w.out ? w.scale[n * nkb + kb] : 127;
+        }
+      }
+  });
 }
 
 }  // namespace di::kern::avx512

@@ -4,6 +4,7 @@
 // keep that copy for the whole program).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/ref_ops.h"
@@ -36,4 +37,11 @@ extern bool unrounded_quant_output;
   }
 
 DI_KERN_DECLARE_ISA(avx512)
+
+namespace di::kern::avx512 {
+size_t packed_bytes_fp8(const ref::Fp8Weight& w);
+size_t packed_bytes_fp4(const ref::Fp4Weight& w);
+void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool);
+void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool);
+}  // namespace di::kern::avx512
 DI_KERN_DECLARE_ISA(avx2)

@@ -11,15 +11,19 @@
 namespace di::ref {
 
 // Quantized weight views (packed, as in the checkpoint).
+// `packed`: optional copy of the same codes and scales reordered for the active ISA's kernels
+// (kern::pack_weight); the reference kernels always read `w` and `scale`.
 struct Fp8Weight {      // E4M3 [out, in] + E8M0 scale [ceil(out/32), ceil(in/32)]
   const uint8_t* w = nullptr;
   const uint8_t* scale = nullptr;
   int64_t out = 0, in = 0;
+  const uint8_t* packed = nullptr;
 };
 struct Fp4Weight {      // E2M1 packed [out, in/2] (even element in the low nibble) + E8M0 [out, in/32]
   const uint8_t* w = nullptr;
   const uint8_t* scale = nullptr;
   int64_t out = 0, in = 0;
+  const uint8_t* packed = nullptr;
 };
 struct Bf16Weight {     // bf16 [out, in]
   const uint16_t* w = nullptr;

@@ -104,6 +104,10 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   m->ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(model_dir));
   validate_v41_checkpoint(*m->ckpt_, m->cfg_);
   m->w_ = bind_weights(*m->ckpt_, m->cfg_);
+  {
+    ThreadPool pool(ThreadPool::default_threads());
+    m->packed_ = repack_weights(m->w_, &pool);
+  }
   m->policy_ = opts.index_key_policy;
   const auto& c = m->cfg_;
   if (!c.engram_layer_ids.empty()) {

@@ -147,6 +147,7 @@ class Model {
   V41Config cfg_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
+  HugeBuffer packed_;  // repacked FP8/FP4 weights (repack_weights), when the kernels use them
   EngramTokenMap token_map_;
   EngramConstants engram_;
   IndexKeyPolicy policy_ = IndexKeyPolicy::PerSource;

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "kernels/cpu/kernels.h"
+
 namespace di::v41 {
 namespace {
 
@@ -112,6 +114,41 @@ ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& c) {
     m.layers.push_back(std::move(L));
   }
   return m;
+}
+
+size_t code_bytes(const ref::Fp8Weight& w) { return size_t(w.out * w.in); }
+size_t code_bytes(const ref::Fp4Weight& w) { return size_t(w.out * w.in / 2); }
+
+HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
+  std::vector<ref::Fp8Weight*> fp8;
+  std::vector<ref::Fp4Weight*> fp4;
+  for (auto& L : m.layers) {
+    auto& A = L.attn;
+    for (auto* w : {&A.wq_a, &A.wq_b, &A.wkv, &A.wo_b}) fp8.push_back(w);
+    if (A.has_indexer) fp8.push_back(&A.indexer.wq_b);
+    for (auto* w : {&L.moe.shared.w1, &L.moe.shared.w2, &L.moe.shared.w3}) fp8.push_back(w);
+    if (L.has_engram) fp8.push_back(&L.engram.wkv);
+    for (auto& e : L.moe.experts)
+      for (auto* w : {&e.w1, &e.w2, &e.w3}) fp4.push_back(w);
+  }
+  auto round_up = [](size_t n) { return (n + 63) / 64 * 64; };
+  size_t total = 0;
+  for (auto* w : fp8) total += round_up(kern::packed_bytes(*w));
+  for (auto* w : fp4) total += round_up(kern::packed_bytes(*w));
+  if (total == 0) return {};
+  HugeBuffer buf(total);
+  uint8_t* at = buf.data();
+  auto place = [&](auto* w) {
+    const size_t n = kern::packed_bytes(*w);
+    if (!n) return;
+    kern::pack_weight(*w, at, pool);
+    w->packed = at;
+    at += round_up(n);
+    release_mapped_pages(w->w, code_bytes(*w));
+  };
+  for (auto* w : fp8) place(w);
+  for (auto* w : fp4) place(w);
+  return buf;
 }
 
 }  // namespace di::v41

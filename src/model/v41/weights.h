@@ -5,9 +5,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/huge_buffer.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/ref_ops.h"
+
+namespace di {
+class ThreadPool;
+}
 
 namespace di::v41 {
 
@@ -76,5 +81,11 @@ struct ModelWeights {
 
 // Binds every backbone tensor, checking dtype and shape. Throws LoadError naming the tensor.
 ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& cfg);
+
+// Repacks every FP8/FP4 weight the quantized kernels read (all but wo_a, which is dequantized per
+// group) into the active ISA's layout (kern::pack_weight), sets the views' `packed`, and drops the
+// checkpoint pages they came from, so resident memory stays about one copy. Returns the buffer
+// (empty when the ISA reads the checkpoint layout).
+HugeBuffer repack_weights(ModelWeights& w, ThreadPool* pool);
 
 }  // namespace di::v41
