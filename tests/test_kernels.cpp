@@ -359,6 +359,56 @@ TEST(Kernels, LinearBf16) {
   EXPECT_LT(double(mm.differ), 1e-3 * double(mm.total));
 }
 
+// The logits head accumulates in fp32 where the ISA has bf16 dot products: within the fp32 error
+// bound of the exact sum, bit-identical across thread counts and batch sizes, and exactly the fp64
+// path when x is not bf16-valued.
+TEST(Kernels, LinearBf16Logits) {
+  std::mt19937 g(14);
+  IsaGuard guard;
+  ThreadPool pool3(3);
+  int64_t rounded = 0, total = 0;
+  for (const Shape& s : kF64Shapes) {
+    std::vector<uint16_t> w(size_t(s.n * s.k));
+    for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>()(g));
+    const ref::Bf16Weight view{w.data(), s.n, s.k};
+    const auto x = random_floats(g, s.m * s.k, true);
+    std::vector<float> exact(size_t(s.m * s.n));
+    ref::linear_bf16(x.data(), s.m, view, exact.data(), false);
+    for (kern::Isa isa : isas()) {
+      kern::set_isa(isa);
+      const std::string what = std::string(kern::isa_name(isa)) + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
+                               " k=" + std::to_string(s.k);
+      std::vector<float> got(exact.size(), -1.f), got3(exact.size(), -3.f), one(size_t(s.n));
+      kern::linear_bf16_logits(x.data(), s.m, view, got.data(), nullptr);
+      kern::linear_bf16_logits(x.data(), s.m, view, got3.data(), &pool3);
+      ASSERT_EQ(0, std::memcmp(got.data(), got3.data(), got.size() * 4)) << what << ": thread count";
+      const int64_t r = s.m - 1;  // the last row alone gives the same bits as inside the batch
+      kern::linear_bf16_logits(x.data() + r * s.k, 1, view, one.data(), nullptr);
+      ASSERT_EQ(0, std::memcmp(one.data(), got.data() + r * s.n, one.size() * 4)) << what << ": batch size";
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t n = 0; n < s.n; ++n) {
+          double mag = 0;
+          for (int64_t k = 0; k < s.k; ++k) mag += std::fabs(double(x[size_t(i * s.k + k)]) * bf16_to_f32(w[size_t(n * s.k + k)]));
+          const double bound = (double(s.k) / 16 + 8) * std::ldexp(mag, -24) + 1e-30;
+          const size_t at = size_t(i * s.n + n);
+          ASSERT_LE(std::fabs(double(got[at]) - exact[at]), bound) << what << " at " << at;
+          rounded += bits(got[at]) != bits(exact[at]), ++total;
+        }
+      if (isa != kern::Isa::Avx512) {
+        ASSERT_EQ(0, std::memcmp(got.data(), exact.data(), got.size() * 4)) << what << ": exact path";
+      }
+      // Not bf16-valued: the exact path, whatever the ISA.
+      std::vector<float> xf = x, want(exact.size()), alt(exact.size());
+      xf[0] = std::nextafter(xf[0], 10.f);
+      kern::linear_bf16(xf.data(), s.m, view, want.data(), false, nullptr);
+      kern::linear_bf16_logits(xf.data(), s.m, view, alt.data(), nullptr);
+      ASSERT_EQ(0, std::memcmp(want.data(), alt.data(), want.size() * 4)) << what << ": fp32 x";
+    }
+  }
+  std::printf("linear_bf16_logits: %lld of %lld outputs differ from the exact sum (within the fp32 bound)\n",
+              (long long)rounded, (long long)total);
+}
+
 TEST(Kernels, LinearF32) {
   std::mt19937 g(12);
   Mismatch mm;

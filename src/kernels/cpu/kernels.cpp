@@ -126,6 +126,11 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
     case Isa::Scalar: return ref::linear_bf16(x, m, w, y, round_out);
   }
 }
+void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  if (current() == Isa::Avx512) return avx512::linear_bf16_logits(x, m, w, y, pick(pool, m, w));
+  linear_bf16(x, m, w, y, false, pool);
+}
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
   if (m <= 0 || w.out <= 0) return;
   switch (current()) {

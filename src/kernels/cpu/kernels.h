@@ -34,6 +34,10 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool = nullptr);
 void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool = nullptr);
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool = nullptr);
+// The logits head: linear_bf16(round_out = false) for x holding bf16 values, accumulated in fp32
+// (as torch's fp32 F.linear) where the ISA has bf16 dot products, else exactly; the two differ by
+// fp32 rounding only (|error| <= (K/16 + 8) * 2^-24 * sum |w x|). Never feeds the residual stream.
+void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool = nullptr);
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool = nullptr);
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out);

@@ -424,6 +424,10 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales
   else linear_q_panels<1>(xq, sa, m, K, N, pack, scales, y, pool);
 }
 
+// Software prefetch distance for streamed weights: the hardware prefetchers alone leave one core
+// well below its share of the memory bandwidth on the machines measured (docs/performance.md).
+constexpr int64_t kPrefetchBytes = 2048;
+
 // m = 1 on repacked weights: converts each pair in registers and feeds vdpbf16ps directly (no
 // panel buffer), P panels at a time for independent chains. Same per-column order as micro.
 // cvt(q_base, pair, w0, w1) converts pair `pair` (= kb * 16 + j) of the panel at q_base;
@@ -432,7 +436,7 @@ template <class Cvt, class Scale>
 void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N, const uint8_t* packed,
                       int64_t panel_bytes, Cvt& cvt, Scale& scale, float* y, ThreadPool* pool) {
   constexpr int P = 4;
-  const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel;
+  const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel, pair_bytes = panel_bytes / (nkb * 16);
   run(pool, (npanels + P - 1) / P, 1, [&](int64_t g0, int64_t g1, int) {
     for (int64_t grp = g0; grp < g1; ++grp) {
       const int64_t first = grp * P;
@@ -449,6 +453,7 @@ void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N,
           const __m512bh xv = bcast_pair(xb + 2 * j);
           for (int q = 0; q < P; ++q) {
             __m512i w0, w1;
+            _mm_prefetch(reinterpret_cast<const char*>(base[q] + (kb * 16 + j) * pair_bytes + kPrefetchBytes), _MM_HINT_T0);
             cvt(base[q], kb * 16 + j, w0, w1);
             acc[q][0] = _mm512_dpbf16_ps(acc[q][0], (__m512bh)w0, xv);
             acc[q][1] = _mm512_dpbf16_ps(acc[q][1], (__m512bh)w1, xv);
@@ -685,6 +690,7 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
             xd, K, rows,
             [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
               // 16 bf16 = 8 dwords: the even elements are the low words, the odd the high words.
+              _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
               const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + i * K + k));
               lo = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
               hi = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u)))));
@@ -692,6 +698,52 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
             [&](int i, int64_t k) { return double(bits_f32(uint32_t(w0[i * K + k]) << 16)); }, sums);
       },
       [&](float v) { return round_out ? round_bf16(v) : v; }, y, pool);
+}
+
+// The logits head: bf16 weights times bf16-valued x with fp32 accumulation (the reference's head
+// is an fp32 F.linear, whose order torch leaves undefined). Every product is exact in fp32, so
+// vdpbf16ps applies: 32 weights per instruction instead of the fp64 path's 8, which leaves the
+// head bound by memory. The order is fixed by K alone (16 lanes, chunks of 32 in K order, one
+// reduction tree), so results do not depend on m, the tile or the thread split. Rows whose x is
+// not bf16-exact (not the head's contract) take the exact fp64 path.
+void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool) {
+  const int64_t K = w.in, N = w.out, nc = (K + 31) / 32;
+  thread_local std::vector<uint16_t> xs;
+  if (int64_t(xs.size()) < m * nc * 32) xs.resize(size_t(m * nc * 32));
+  uint16_t* xb = xs.data();
+  for (int64_t r = 0; r < m; ++r) {
+    uint16_t* row = xb + r * nc * 32;
+    for (int64_t k = 0; k < K; ++k) {
+      const uint32_t bits = f32_bits(x[r * K + k]);
+      if (bits & 0xffff) return linear_bf16(x, m, w, y, false, pool);
+      row[k] = uint16_t(bits >> 16);
+    }
+    std::fill(row + K, row + nc * 32, uint16_t(0));
+  }
+  constexpr int R = 4;  // weight rows per pass: independent accumulators hide the dpbf16 latency
+  const __mmask32 tail = K % 32 ? __mmask32((1u << (K % 32)) - 1) : ~__mmask32(0);
+  run(pool, (N + R - 1) / R, 16, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * R;
+      const int rows = int(std::min<int64_t>(R, N - n0));
+      const uint16_t* wr[R];
+      for (int i = 0; i < R; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
+      for (int64_t r = 0; r < m; ++r) {
+        const uint16_t* xr = xb + r * nc * 32;
+        __m512 acc[R];
+        for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < nc; ++c) {
+          const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + c * 32);
+          const __mmask32 mask = c + 1 < nc ? ~__mmask32(0) : tail;
+          for (int i = 0; i < R; ++i) {
+            if (r == 0) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + R * K + c * 32), _MM_HINT_T0);  // the next tile
+            acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[i] + c * 32), xv);
+          }
+        }
+        for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = _mm512_reduce_add_ps(acc[i]);
+      }
+    }
+  });
 }
 
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
@@ -720,6 +772,7 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
             [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
               // E4M3 -> fp16 (the same bits shifted: value x 2^-8, subnormals included) -> fp32,
               // then x 256 x the block scale (powers of two: exact): the reference's fp32 weight.
+              _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
               const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + i * K + k)));
               __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(0x3f80)),
                                           _mm256_and_si256(_mm256_slli_epi16(c, 8), _mm256_set1_epi16(int16_t(0x8000))));

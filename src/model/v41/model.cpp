@@ -696,11 +696,14 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
     ref::rms_norm(hidden + size_t(r) * dim, w_.norm.p, dim, cf.norm_eps, hidden + size_t(r) * dim);
   }
   const size_t V = size_t(cf.vocab_size);
+  // One head pass for all rows of the batch: the head is the largest weight, read once per step.
+  float* all_logits = items.size() == 1 ? (items[0].logits->resize(size_t(rows) * V), items[0].logits->data())
+                                        : sized(ws.head_out, size_t(rows) * V);
+  kern::linear_bf16_logits(hidden, rows, w_.head, all_logits);
   for (size_t b = 0, r = 0; b < items.size(); ++b) {
     const int n = items[b].all_logits ? segs[b].S : 1;
     if (ob) ob->on_final_hidden(segs[b].start + segs[b].S - n, n, hidden + r * dim);
-    items[b].logits->resize(size_t(n) * V);
-    kern::linear_bf16(hidden + r * dim, n, w_.head, items[b].logits->data(), false);
+    if (items.size() > 1) items[b].logits->assign(all_logits + r * V, all_logits + (r + size_t(n)) * V);
     r += size_t(n);
     auto& toks = items[b].state->mutable_tokens();
     toks.insert(toks.end(), items[b].tokens.begin(), items[b].tokens.end());

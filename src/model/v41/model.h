@@ -84,7 +84,7 @@ struct Segment {
 
 // Scratch memory reused across calls, so a warm forward pass does not allocate.
 struct Workspace {
-  std::vector<float> stream, stream2, pre_mix, x, f, y, tmp, mix, qr, q, kv, attn_out, logits_rows;
+  std::vector<float> stream, stream2, pre_mix, x, f, y, tmp, mix, qr, q, kv, attn_out, logits_rows, head_out;
   std::vector<float> coef_pre, coef_post, coef_comb, next_pre;
   std::vector<int32_t> comp_tokens, history, hash_ids, topk, expert_ids, order, top_blocks, slots;
   std::vector<float> expert_w, iq, iw, scores, block_scores, moe_gate, moe_up, moe_out, moe_acc;
