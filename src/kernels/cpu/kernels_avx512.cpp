@@ -759,32 +759,60 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
       y, pool);
 }
 
+// wo_a: the reference dequantizes to an fp32 weight (e4m3 x block scale) and runs a bf16 linear.
+// The exact fp64 products are regrouped as (x x 256 x scale) x (e4m3 x 2^-8): the first factor is
+// computed once per 32-row scale group (a power of two times x: exact in fp64), the second is the
+// E4M3 code's own bits as fp16, so the inner loop has no scale lookups or multiplies. Products and
+// sum order are unchanged. Groups with scales where e4m3 x scale overflows fp32 (codes 247-254,
+// never seen in checkpoints) keep the reference's fp32 weight, inf included.
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
-  const int64_t K = w.in, nkb = (K + 31) / 32;
-  linear_f64_rows(
-      x, m, w.out, K, [](const float* xr, int64_t k, double* xd) { for (int64_t i = 0; i < k; ++i) xd[i] = xr[i]; },
-      [&](const double* xd, int64_t n0, int rows, double* sums) {
-        const uint8_t* w0 = w.w + n0 * K;
-        const uint8_t* srow = w.scale + (n0 / 32) * nkb;  // n0 is a multiple of 4: the tile shares a scale row
-        dot4_f64(
-            xd, K, rows,
-            [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
-              // E4M3 -> fp16 (the same bits shifted: value x 2^-8, subnormals included) -> fp32,
-              // then x 256 x the block scale (powers of two: exact): the reference's fp32 weight.
-              _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
-              const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + i * K + k)));
-              __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(0x3f80)),
-                                          _mm256_and_si256(_mm256_slli_epi16(c, 8), _mm256_set1_epi16(int16_t(0x8000))));
-              const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7f));
-              h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
-              const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f)), _mm512_set1_ps(e8[srow[k / 32]]));
-              lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
-              hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
-            },
-            [&](int i, int64_t k) { return double(e4m3_to_f32(w0[i * K + k]) * e8[srow[k / 32]]); }, sums);
-      },
-      [](float v) { return round_bf16(v); }, y, pool);
+  const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32;
+  thread_local std::vector<double> xs;
+  if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
+  double* xd = xs.data();
+  for (int64_t i = 0; i < m * K; ++i) xd[i] = x[i];
+  run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
+    thread_local std::vector<double> scaled_x;
+    if (int64_t(scaled_x.size()) < K) scaled_x.resize(size_t(K));
+    double* xg = scaled_x.data();
+    double sums[kRows64];
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const uint8_t* srow = w.scale + grp * nkb;
+      bool fp32_overflow = false;
+      for (int64_t kb = 0; kb < nkb; ++kb) fp32_overflow |= srow[kb] >= 247 && srow[kb] != 255;
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t k = 0; k < K; ++k) xg[k] = xd[r * K + k] * (256.0 * e8[srow[k / 32]]);
+        for (int64_t n0 = grp * 32; n0 < std::min(N, grp * 32 + 32); n0 += kRows64) {
+          const int rows = int(std::min<int64_t>(kRows64, N - n0));
+          const uint8_t* w0 = w.w + n0 * K;
+          if (fp32_overflow) {
+            for (int i = 0; i < rows; ++i) {
+              double s = 0;
+              for (int64_t k = 0; k < K; ++k) s += xd[r * K + k] * double(e4m3_to_f32(w0[i * K + k]) * e8[srow[k / 32]]);
+              sums[i] = s;
+            }
+          } else {
+            dot4_f64(
+                xg, K, rows,
+                [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
+                  _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
+                  // E4M3 -> fp16 bits (value x 2^-8, subnormals included): sign-extended, the code
+                  // shifted into place, bit 14 (a sign copy) cleared; S.1111.111 is NaN.
+                  const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + i * K + k)));
+                  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(int16_t(0xbf80)));
+                  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x3f80));
+                  const __m512 f = _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00)));
+                  lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+                  hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+                },
+                [&](int i, int64_t k) { return double(e4m3_to_f32(w0[i * K + k])) * (1.0 / 256); }, sums);
+          }
+          for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = round_bf16(float(sums[i]));
+        }
+      }
+    }
+  });
 }
 
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
