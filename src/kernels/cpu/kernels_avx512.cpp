@@ -487,14 +487,13 @@ inline __m512d bf16x8_pd(const uint16_t* p) {
   return _mm512_cvtps_pd(_mm256_castsi256_ps(u));
 }
 
-// E4M3 x 8 -> fp32 x 8 (exact), via fp16 (value x 2^-8) then x 256.
-inline __m256 e4m3x8_ps(const uint8_t* p) {
-  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(0x3f80)),
-                           _mm_and_si128(_mm_slli_epi16(b, 8), _mm_set1_epi16(int16_t(0x8000))));
-  const __mmask8 nan = _mm_cmpeq_epi16_mask(_mm_and_si128(b, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
-  h = _mm_mask_mov_epi16(h, nan, _mm_set1_epi16(0x7e00));
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+// 16 E4M3 codes -> fp16 bits of value x 2^-8 (subnormals included, exact): sign-extended, the code
+// shifted into place, bit 14 (a sign copy) cleared; S.1111.111 is NaN.
+inline __m256i e4m3x16_half(const uint8_t* p) {
+  const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(int16_t(0xbf80)));
+  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x3f80));
+  return _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
 }
 
 // sum_k x[k] * w(k) in fp64 with a fixed lane order; w8(k) gives 8 weights as doubles, w1(k) one.
@@ -759,6 +758,89 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
       y, pool);
 }
 
+// Several rows (prefill, batched decode): each 32-row weight group is dequantized once to fp64
+// (e4m3 x scale, the reference's exact fp32 weight) and reused by all rows, two rows and four
+// weight rows per pass. Per output the lanes, chunks and tail are summed exactly as in dot4_f64.
+void linear_fp8_dequant_rows(const double* xd, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  const float* e8 = detail::e8m0_table();
+  const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32, K16 = K / 16 * 16;
+  run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
+    thread_local std::vector<double> wbuf;
+    thread_local std::vector<double> accs;  // 8 doubles per accumulator (unaligned access)
+    if (int64_t(wbuf.size()) < 32 * K) wbuf.resize(size_t(32 * K));
+    double* wd = wbuf.data();
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const int64_t n_begin = grp * 32, n_rows = std::min<int64_t>(32, N - n_begin);
+      const uint8_t* srow = w.scale + grp * nkb;
+      for (int64_t i = 0; i < n_rows; ++i) {
+        const uint8_t* wr = w.w + (n_begin + i) * K;
+        double* out = wd + i * K;
+        int64_t k = 0;
+        for (; k < K16; k += 16) {
+          const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(wr + k)), _mm512_set1_ps(256.f)),
+                                         _mm512_set1_ps(e8[srow[k / 32]]));
+          _mm512_storeu_pd(out + k, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
+          _mm512_storeu_pd(out + k + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1)));
+        }
+        for (; k < K; ++k) out[k] = double(e4m3_to_f32(wr[k]) * e8[srow[k / 32]]);
+      }
+      // K in chunks whose group slice (32 rows x kChunk doubles) stays in L1 while every row pair
+      // passes over it; the accumulators wait in memory between chunks (same FMA sequence).
+      constexpr int64_t kChunk = 128;
+      const int64_t tiles = (n_rows + kRows64 - 1) / kRows64, pairs = (m + 1) / 2;
+      constexpr int kAcc = 2 * kRows64 * 2;
+      if (int64_t(accs.size()) < pairs * tiles * kAcc * 8) accs.resize(size_t(pairs * tiles * kAcc * 8));
+      std::fill(accs.begin(), accs.begin() + pairs * tiles * kAcc * 8, 0.0);
+      auto tile_rows = [&](int64_t t, const double** wt) {
+        const int rows = int(std::min<int64_t>(kRows64, n_rows - t * kRows64));
+        for (int i = 0; i < kRows64; ++i) wt[i] = wd + (t * kRows64 + std::min(i, rows - 1)) * K;
+        return rows;
+      };
+      for (int64_t k0 = 0; k0 < K16; k0 += kChunk) {
+        const int64_t k1 = std::min(K16, k0 + kChunk);
+        for (int64_t p = 0; p < pairs; ++p) {
+          const double* xr[2] = {xd + 2 * p * K, xd + std::min(2 * p + 1, m - 1) * K};
+          for (int64_t t = 0; t < tiles; ++t) {
+            const double* wt[kRows64];
+            tile_rows(t, wt);
+            double* acc = accs.data() + (p * tiles + t) * kAcc * 8;
+            __m512d a[2][kRows64][2];
+#pragma GCC unroll 16
+            for (int q = 0; q < kAcc; ++q) (&a[0][0][0])[q] = _mm512_loadu_pd(acc + 8 * q);
+            for (int64_t k = k0; k < k1; k += 16)
+#pragma GCC unroll 2
+              for (int j = 0; j < 2; ++j) {
+                const __m512d x0 = _mm512_loadu_pd(xr[j] + k), x1 = _mm512_loadu_pd(xr[j] + k + 8);
+#pragma GCC unroll 4
+                for (int i = 0; i < kRows64; ++i) {
+                  a[j][i][0] = _mm512_fmadd_pd(x0, _mm512_loadu_pd(wt[i] + k), a[j][i][0]);
+                  a[j][i][1] = _mm512_fmadd_pd(x1, _mm512_loadu_pd(wt[i] + k + 8), a[j][i][1]);
+                }
+              }
+#pragma GCC unroll 16
+            for (int q = 0; q < kAcc; ++q) _mm512_storeu_pd(acc + 8 * q, (&a[0][0][0])[q]);
+          }
+        }
+      }
+      for (int64_t p = 0; p < pairs; ++p)
+        for (int64_t t = 0; t < tiles; ++t) {
+          const double* wt[kRows64];
+          const int rows = tile_rows(t, wt);
+          const double* acc = accs.data() + (p * tiles + t) * kAcc * 8;
+          for (int j = 0; j < int(std::min<int64_t>(2, m - 2 * p)); ++j)
+            for (int i = 0; i < rows; ++i) {
+              const double* xr = xd + (2 * p + j) * K;
+              double tail = 0;
+              for (int64_t k = K16; k < K; ++k) tail += xr[k] * wt[i][k];
+              const double* ai = acc + (j * kRows64 + i) * 16;
+              const __m512d sum = _mm512_add_pd(_mm512_loadu_pd(ai), _mm512_loadu_pd(ai + 8));
+              y[(2 * p + j) * N + n_begin + t * kRows64 + i] = round_bf16(float(_mm512_reduce_add_pd(sum) + tail));
+            }
+        }
+    }
+  });
+}
+
 // wo_a: the reference dequantizes to an fp32 weight (e4m3 x block scale) and runs a bf16 linear.
 // The exact fp64 products are regrouped as (x x 256 x scale) x (e4m3 x 2^-8): the first factor is
 // computed once per 32-row scale group (a power of two times x: exact in fp64), the second is the
@@ -772,6 +854,7 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
   if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
   double* xd = xs.data();
   for (int64_t i = 0; i < m * K; ++i) xd[i] = x[i];
+  if (m >= 4) return linear_fp8_dequant_rows(xd, m, w, y, pool);
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     thread_local std::vector<double> scaled_x;
     if (int64_t(scaled_x.size()) < K) scaled_x.resize(size_t(K));
@@ -797,12 +880,7 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
                 xg, K, rows,
                 [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
                   _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
-                  // E4M3 -> fp16 bits (value x 2^-8, subnormals included): sign-extended, the code
-                  // shifted into place, bit 14 (a sign copy) cleared; S.1111.111 is NaN.
-                  const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + i * K + k)));
-                  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(int16_t(0xbf80)));
-                  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x3f80));
-                  const __m512 f = _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00)));
+                  const __m512 f = _mm512_cvtph_ps(e4m3x16_half(w0 + i * K + k));
                   lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
                   hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
                 },
