@@ -1,7 +1,8 @@
-// Kernel microbenchmarks: FP8/FP4 linears at decode shapes (weight GB/s vs a read-bandwidth
+// Kernel microbenchmarks: FP8/FP4 linears (checkpoint layout and load-time repacked), the bf16
+// logits head and the FP8-dequant (wo_a) linear at decode shapes (weight GB/s vs a read bandwidth
 // measured in the same process, on buffers far larger than the caches) and at m = 512 (GFLOP/s vs
-// a measured vdpbf16ps / fp32 FMA peak). Weights rotate through a 1 GiB arena so every decode
-// iteration streams from DRAM, not from the 260 MB L3.
+// a measured vdpbf16ps / fp32 FMA peak). Weights rotate through arenas of 0.5-1 GiB so every
+// decode iteration streams from DRAM, not from the 260 MB L3.
 //   bench_kernels [--benchmark_filter=...]   (DEEPINFER_ISA selects the kernel path)
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
@@ -24,6 +25,11 @@ namespace {
 
 constexpr size_t kArena = size_t(1) << 30;
 uint8_t* g_arena = nullptr;
+// A second arena holding repacked copies of the first one's slices (kern::pack_weight), and one
+// of bf16 weights with sane exponents (no denormals or NaNs), for the head.
+constexpr size_t kPackedArena = size_t(1) << 29, kBf16Arena = size_t(1) << 31;
+uint8_t* g_packed_arena = nullptr;
+uint16_t* g_bf16_arena = nullptr;
 double g_bw[3] = {0, 0, 0};           // read GB/s with 1 and 2 threads
 double g_bf16_peak[3], g_fp32_peak[3];  // GFLOP/s with 1 and 2 threads
 std::unique_ptr<ThreadPool> g_pool[3];
@@ -91,6 +97,15 @@ double measure_peak(ThreadPool& pool, double flops_per_iter, F f) {
 
 void init_globals() {
   g_arena = static_cast<uint8_t*>(std::aligned_alloc(64, kArena));
+  g_packed_arena = static_cast<uint8_t*>(std::aligned_alloc(64, kPackedArena));
+  g_bf16_arena = static_cast<uint16_t*>(std::aligned_alloc(64, kBf16Arena));
+  {
+    std::mt19937_64 g(2);  // sign, mantissa and an exponent in [2^-2, 2^1]: no denormals or NaNs
+    for (size_t i = 0; i < kBf16Arena / 2; i += 4) {
+      const uint64_t v = g();
+      for (size_t b = 0; b < 4; ++b) g_bf16_arena[i + b] = uint16_t(((v >> (16 * b)) & 0x81ff) | 0x3e00);
+    }
+  }
   std::mt19937_64 g(1);
   for (size_t i = 0; i < kArena; i += 8) {
     uint64_t v = g();
@@ -131,21 +146,50 @@ std::vector<float> activations(int64_t n) {
   return x;
 }
 
-template <bool Fp4>
+
+enum class Kind { Fp8, Fp4, Fp8Packed, Fp4Packed, Logits, Fp8Dequant };
+constexpr bool is_fp4(Kind k) { return k == Kind::Fp4 || k == Kind::Fp4Packed; }
+constexpr bool is_packed(Kind k) { return k == Kind::Fp8Packed || k == Kind::Fp4Packed; }
+
+template <Kind kind>
 void BM_linear(benchmark::State& state) {
   const int64_t m = state.range(0), N = state.range(1), K = state.range(2);
   const int threads = int(state.range(3));
-  const size_t wbytes = size_t(Fp4 ? N * K / 2 : N * K);
-  const size_t sbytes = size_t(Fp4 ? N * (K / 32) : ((N + 31) / 32) * (K / 32));
+  constexpr bool fp4 = is_fp4(kind);
+  const size_t wbytes = size_t(kind == Kind::Logits ? N * K * 2 : fp4 ? N * K / 2 : N * K);
+  const size_t sbytes = size_t(kind == Kind::Logits ? 0 : fp4 ? N * (K / 32) : ((N + 31) / 32) * (K / 32));
   const uint8_t* sc = scales_region(sbytes);
   const auto x = activations(m * K);
   std::vector<float> y(static_cast<size_t>(m * N));
-  const size_t slots = std::getenv("BENCH_HOT") ? 1 : std::max<size_t>(1, kArena / wbytes);
+  size_t slots = std::getenv("BENCH_HOT") ? 1 : std::max<size_t>(1, (kind == Kind::Logits ? kBf16Arena : kArena) / wbytes);
+  size_t packed_stride = 0;
+  if constexpr (is_packed(kind)) {
+    const ref::Fp8Weight probe8{g_arena, sc, N, K};
+    const ref::Fp4Weight probe4{g_arena, sc, N, K};
+    const size_t pb = fp4 ? kern::packed_bytes(probe4) : kern::packed_bytes(probe8);
+    if (pb == 0) {
+      state.SkipWithError("no repacked layout on this kernel path");
+      return;
+    }
+    packed_stride = (pb + 63) / 64 * 64;
+    slots = std::min(slots, std::max<size_t>(1, kPackedArena / packed_stride));
+    for (size_t i = 0; i < slots; ++i) {  // untimed
+      if constexpr (fp4) kern::pack_weight(ref::Fp4Weight{g_arena + i * wbytes, sc, N, K}, g_packed_arena + i * packed_stride, g_pool[2].get());
+      else kern::pack_weight(ref::Fp8Weight{g_arena + i * wbytes, sc, N, K}, g_packed_arena + i * packed_stride, g_pool[2].get());
+    }
+  }
   size_t slot = 0;
+  ThreadPool* pool = g_pool[threads].get();
   for (auto _ : state) {
-    const uint8_t* w = g_arena + (slot++ % slots) * wbytes;  // a fresh slice every iteration
-    if constexpr (Fp4) kern::linear_fp4(x.data(), m, {w, sc, N, K}, y.data(), g_pool[threads].get());
-    else kern::linear_fp8(x.data(), m, {w, sc, N, K}, y.data(), g_pool[threads].get());
+    const size_t i = slot++ % slots;  // a fresh slice every iteration
+    const uint8_t* w = g_arena + i * wbytes;
+    const uint8_t* packed = is_packed(kind) ? g_packed_arena + i * packed_stride : nullptr;
+    switch (kind) {
+      case Kind::Fp8: case Kind::Fp8Packed: kern::linear_fp8(x.data(), m, {w, sc, N, K, packed}, y.data(), pool); break;
+      case Kind::Fp4: case Kind::Fp4Packed: kern::linear_fp4(x.data(), m, {w, sc, N, K, packed}, y.data(), pool); break;
+      case Kind::Fp8Dequant: kern::linear_fp8_dequant(x.data(), m, {w, sc, N, K}, y.data(), pool); break;
+      case Kind::Logits: kern::linear_bf16_logits(x.data(), m, {g_bf16_arena + i * size_t(N * K), N, K}, y.data(), pool); break;
+    }
     benchmark::ClobberMemory();
   }
   const double bytes = double(wbytes + sbytes);
@@ -176,12 +220,30 @@ void prefill_shapes(benchmark::internal::Benchmark* b) {
   b->Args({512, 5120, 2304, 2});
 }
 
+// The head (vocab x dim) and wo_a (one output group: 512 rows over 2048 inputs) of the medium
+// model, at decode (m = 1, 8) and prefill (m = 512).
+void head_shapes(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2}) b->Args({1, 129280, 2048, threads});
+  b->Args({8, 129280, 2048, 2});
+}
+void wo_a_shapes(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2}) b->Args({1, 512, 2048, threads});
+  b->Args({8, 512, 2048, 2});
+  b->Args({512, 512, 2048, 2});
+}
+
 }  // namespace
 
-BENCHMARK(BM_linear<false>)->Name("linear_fp8")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_linear<true>)->Name("linear_fp4")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_linear<false>)->Name("linear_fp8")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
-BENCHMARK(BM_linear<true>)->Name("linear_fp4")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
+BENCHMARK(BM_linear<Kind::Fp8>)->Name("linear_fp8")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_linear<Kind::Fp8Packed>)->Name("linear_fp8_packed")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_linear<Kind::Fp4>)->Name("linear_fp4")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_linear<Kind::Fp4Packed>)->Name("linear_fp4_packed")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_linear<Kind::Fp8>)->Name("linear_fp8")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
+BENCHMARK(BM_linear<Kind::Fp8Packed>)->Name("linear_fp8_packed")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
+BENCHMARK(BM_linear<Kind::Fp4>)->Name("linear_fp4")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
+BENCHMARK(BM_linear<Kind::Fp4Packed>)->Name("linear_fp4_packed")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
+BENCHMARK(BM_linear<Kind::Logits>)->Name("linear_bf16_logits")->Apply(head_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_linear<Kind::Fp8Dequant>)->Name("linear_fp8_dequant")->Apply(wo_a_shapes)->UseRealTime()->MinTime(0.5);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);

@@ -475,3 +475,43 @@ TEST(Kernels, SparseAttention) {
     }
   }
 }
+
+// Indexer scores: q and k are FP4(E2M1) values times power-of-two block scales, as the model
+// passes them, so every fp64 dot is exact and all paths must agree bit for bit.
+TEST(Kernels, IndexScores) {
+  IsaGuard guard;
+  std::mt19937 g(22);
+  static const float kE2m1[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  auto fp4_row = [&](int n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; i += 32) {
+      const float scale = std::ldexp(1.f, int(g() % 24) - 12);
+      for (int j = i; j < std::min(n, i + 32); ++j) v[size_t(j)] = (g() & 8 ? -1.f : 1.f) * kE2m1[g() % 8] * scale;
+    }
+    return v;
+  };
+  struct A {
+    int h, d;
+    int64_t n;
+  };
+  for (const A& a : {A{1, 8, 1}, A{3, 24, 7}, A{32, 128, 300}, A{5, 64, 0}, A{8, 40, 33}}) {
+    const auto q = fp4_row(a.h * a.d);
+    std::vector<float> w(size_t(a.h));
+    for (auto& v : w) v = round_bf16(std::normal_distribution<float>()(g) * 0.1f);
+    std::vector<std::vector<float>> store;
+    std::vector<const float*> keys;
+    for (int64_t u = 0; u < a.n; ++u) store.push_back(fp4_row(a.d));
+    for (auto& k : store) keys.push_back(k.data());
+    std::vector<float> want(size_t(a.n) + 1, -7.f);
+    ref::index_scores(q.data(), w.data(), a.h, a.d, keys.data(), a.n, want.data());
+    int positive = 0;
+    for (int64_t u = 0; u < a.n; ++u) positive += want[size_t(u)] != 0.f;
+    if (a.n > 30) EXPECT_GT(positive, 0) << "relu left nothing: the test data is degenerate";
+    for (kern::Isa isa : isas()) {
+      kern::set_isa(isa);
+      std::vector<float> got(want.size(), -7.f);
+      kern::index_scores(q.data(), w.data(), a.h, a.d, keys.data(), a.n, got.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << kern::isa_name(isa) << " h=" << a.h << " d=" << a.d << " n=" << a.n;
+    }
+  }
+}

@@ -147,6 +147,10 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
     case Isa::Scalar: return ref::linear_fp8_dequant(x, m, w, y);
   }
 }
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
+  if (current() == Isa::Avx512 && d % 8 == 0) return avx512::index_scores(q, w, n_heads, d, keys, n, out);
+  ref::index_scores(q, w, n_heads, d, keys, n, out);
+}
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out) {
   switch (current()) {

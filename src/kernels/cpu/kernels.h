@@ -42,6 +42,10 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out);
 
+// Indexer scores of one query row against n keys (contract: ref::index_scores); single-threaded,
+// the model splits query rows over its pool.
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
+
 // Load-time repacking (like llama.cpp's CPU "repack" buffers): the same E4M3/E2M1 codes and E8M0
 // scales, reordered so that the active ISA's kernels stream them without transposing. packed_bytes
 // is 0 when the active ISA reads the checkpoint layout directly (then leave `packed` null).

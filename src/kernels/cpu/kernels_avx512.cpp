@@ -437,12 +437,14 @@ void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N,
                       int64_t panel_bytes, Cvt& cvt, Scale& scale, float* y, ThreadPool* pool) {
   constexpr int P = 4;
   const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel, pair_bytes = panel_bytes / (nkb * 16);
-  run(pool, (npanels + P - 1) / P, 1, [&](int64_t g0, int64_t g1, int) {
-    for (int64_t grp = g0; grp < g1; ++grp) {
-      const int64_t first = grp * P;
-      const int np = int(std::min<int64_t>(P, npanels - first));
+  // Panels split evenly over the threads (an expert's 12 panels: 6 + 6, not groups 2 + 1); each
+  // thread takes its panels P at a time, a short last group repeating its last panel.
+  run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t first = p0; first < p1; first += P) {
+      const int np = int(std::min<int64_t>(P, p1 - first));
+      int64_t panel[P];
       const uint8_t* base[P];
-      for (int q = 0; q < P; ++q) base[q] = packed + std::min(first + q, npanels - 1) * panel_bytes;
+      for (int q = 0; q < P; ++q) panel[q] = std::min(first + q, p1 - 1), base[q] = packed + panel[q] * panel_bytes;
       __m512 t[P][2];
       for (int q = 0; q < P; ++q) t[q][0] = t[q][1] = _mm512_setzero_ps();
       for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -462,7 +464,7 @@ void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N,
         const __m512 a = _mm512_set1_ps(sa[kb]);
         for (int q = 0; q < P; ++q) {
           __m512 s0, s1;
-          scale(std::min(first + q, npanels - 1), kb, s0, s1);
+          scale(panel[q], kb, s0, s1);
           t[q][0] = _mm512_add_ps(t[q][0], _mm512_mul_ps(_mm512_mul_ps(acc[q][0], a), s0));
           t[q][1] = _mm512_add_ps(t[q][1], _mm512_mul_ps(_mm512_mul_ps(acc[q][1], a), s1));
         }
@@ -891,6 +893,36 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
       }
     }
   });
+}
+
+// The indexer's dots in fp64 with 8 lanes (q widened once per call, each key once): the products
+// of FP4-quantized q and k have a few significant bits and their sum is exact in fp64 in any order,
+// so this gives the reference's bits; the per-head epilogue is the reference's scalar code.
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
+  thread_local std::vector<double> qs, ks;
+  if (qs.size() < size_t(n_heads) * d) qs.resize(size_t(n_heads) * d);
+  if (ks.size() < size_t(d)) ks.resize(size_t(d));
+  double* qd = qs.data();
+  double* kd = ks.data();
+  for (int64_t i = 0; i < int64_t(n_heads) * d; ++i) qd[i] = q[i];
+  for (int64_t u = 0; u < n; ++u) {
+    const float* k = keys[u];
+    for (int i = 0; i < d; i += 8) _mm512_storeu_pd(kd + i, _mm512_cvtps_pd(_mm256_loadu_ps(k + i)));
+    float acc = 0.f;
+    for (int h = 0; h < n_heads; ++h) {
+      const double* qh = qd + size_t(h) * d;
+      __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+      int i = 0;
+      for (; i + 16 <= d; i += 16) {
+        a0 = _mm512_fmadd_pd(_mm512_loadu_pd(qh + i), _mm512_loadu_pd(kd + i), a0);
+        a1 = _mm512_fmadd_pd(_mm512_loadu_pd(qh + i + 8), _mm512_loadu_pd(kd + i + 8), a1);
+      }
+      if (i < d) a0 = _mm512_fmadd_pd(_mm512_loadu_pd(qh + i), _mm512_loadu_pd(kd + i), a0);
+      const float v = std::max(round_bf16(float(_mm512_reduce_add_pd(_mm512_add_pd(a0, a1)))), 0.f);
+      acc += round_bf16(v * w[h]);
+    }
+    out[u] = round_bf16(acc);
+  }
 }
 
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,

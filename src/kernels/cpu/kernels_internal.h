@@ -44,5 +44,6 @@ size_t packed_bytes_fp4(const ref::Fp4Weight& w);
 void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool);
 void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool);
 void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool);
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
 }  // namespace di::kern::avx512
 DI_KERN_DECLARE_ISA(avx2)

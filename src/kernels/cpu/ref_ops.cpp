@@ -121,6 +121,21 @@ void rope_apply(float* x, int64_t n, const float* cos_sin, bool inverse) {
   }
 }
 
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
+  for (int64_t u = 0; u < n; ++u) {
+    const float* k = keys[u];
+    float acc = 0.f;
+    for (int h = 0; h < n_heads; ++h) {
+      const float* qh = q + size_t(h) * d;
+      double dot = 0;
+      for (int i = 0; i < d; ++i) dot += double(qh[i]) * k[i];
+      const float v = std::max(round_bf16(float(dot)), 0.f);
+      acc += round_bf16(v * w[h]);
+    }
+    out[u] = round_bf16(acc);
+  }
+}
+
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;

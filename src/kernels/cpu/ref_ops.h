@@ -57,6 +57,12 @@ void rope_apply(float* x, int64_t n, const float* cos_sin, bool inverse);
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out);
 
+// Indexer scores of one query row against n keys (the reference indexer, per key u):
+// out[u] = bf16(sum over heads h ascending, in fp32, of bf16(relu(bf16(fp32(q_h . k_u))) * w_h)),
+// each q_h . k_u summed in fp64 over d (exact for the FP4-quantized q and k the model passes).
+// q: [n_heads, d], w: [n_heads] (already bf16-rounded), keys: n pointers to d floats.
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
+
 // hc_split_sinkhorn: mixes[(2+hc)*hc] -> pre[hc], post[hc], comb[hc*hc] (row i, column j).
 void hc_split_sinkhorn(const float* mixes, const float* scale3, const float* base, int hc, int iters,
                        float eps, float* pre, float* post, float* comb);

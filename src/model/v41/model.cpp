@@ -274,23 +274,15 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
     }
   }
   float* score = sized(ws.scores, size_t(g.S) * width);
+  const int64_t n_keys = std::min<int64_t>(width, keys.size());
+  const float** key_rows = sized(ws.key_rows, size_t(n_keys));
+  for (int64_t u = 0; u < n_keys; ++u) key_rows[u] = keys.row(u);
   for_rows(g.S, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
-      const int64_t visible = (g.start + s + 1) / r;
-      for (int64_t u = 0; u < width; ++u) {
-        float& out = score[size_t(s) * width + u];
-        if (u >= visible || u >= keys.size()) { out = -INFINITY; continue; }
-        const float* k = keys.row(u);
-        float acc = 0.f;
-        for (int h = 0; h < IH; ++h) {
-          const float* qh = iq + (size_t(s) * IH + h) * ID;
-          double dot = 0;
-          for (int d = 0; d < ID; ++d) dot += double(qh[d]) * k[d];
-          const float v = std::max(round_bf16(float(dot)), 0.f);
-          acc += round_bf16(v * iw[s * IH + h]);
-        }
-        out = round_bf16(acc);
-      }
+      const int64_t visible = std::min<int64_t>((g.start + s + 1) / r, n_keys);
+      float* out = score + size_t(s) * width;
+      kern::index_scores(iq + size_t(s) * IH * ID, iw + size_t(s) * IH, IH, ID, key_rows, visible, out);
+      std::fill(out + visible, out + width, -INFINITY);
     }
   });
   // Candidate pre-filter: the source keeps its best blocks (plus the newest one) per query; later

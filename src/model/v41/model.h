@@ -90,6 +90,7 @@ struct Workspace {
   std::vector<float> expert_w, iq, iw, scores, block_scores, moe_gate, moe_up, moe_out, moe_acc;
   std::vector<uint8_t> candidate_mask;
   std::vector<int> out_rows;
+  std::vector<const float*> key_rows;
   size_t topk_used = 0, candidate_mask_used = 0;  // per-step bump allocation in topk / candidate_mask
   std::vector<detail::Segment> segments;
   std::vector<std::span<const int32_t>> token_spans;
