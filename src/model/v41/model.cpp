@@ -70,11 +70,19 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
 template <class F>
 void for_rows(int64_t n, F&& fn) {
   ThreadPool* pool = kern::default_pool();
-  if (!pool || pool->size() == 1 || n < 4) {
+  if (!pool || pool->size() == 1 || n < 2) {
     fn(int64_t(0), n);
     return;
   }
   pool->parallel_for(n, 1, [&](int64_t b, int64_t e, int) { fn(b, e); });
+}
+
+// How many parts to cut each of S rows into so that every thread of the pool gets work: the
+// pool size when the rows alone are too few (decode), else 1.
+int64_t row_parts(int64_t S) {
+  const ThreadPool* pool = kern::default_pool();
+  const int64_t threads = pool ? pool->size() : 1;
+  return S < 2 * threads ? threads : 1;
 }
 
 template <class T>
@@ -277,12 +285,15 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
   const int64_t n_keys = std::min<int64_t>(width, keys.size());
   const float** key_rows = sized(ws.key_rows, size_t(n_keys));
   for (int64_t u = 0; u < n_keys; ++u) key_rows[u] = keys.row(u);
-  for_rows(g.S, [&](int64_t s0, int64_t s1) {
-    for (int64_t s = s0; s < s1; ++s) {
-      const int64_t visible = std::min<int64_t>((g.start + s + 1) / r, n_keys);
+  // Work items: (row, slice of the keys); decode has one row, so its keys are split instead.
+  const int64_t parts = row_parts(g.S), slice = (width + parts - 1) / parts;
+  for_rows(g.S * parts, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t s = i / parts, u0 = std::min(width, i % parts * slice), u1 = std::min(width, u0 + slice);
+      const int64_t visible = std::clamp<int64_t>(std::min<int64_t>((g.start + s + 1) / r, n_keys), u0, u1);
       float* out = score + size_t(s) * width;
-      kern::index_scores(iq + size_t(s) * IH * ID, iw + size_t(s) * IH, IH, ID, key_rows, visible, out);
-      std::fill(out + visible, out + width, -INFINITY);
+      kern::index_scores(iq + size_t(s) * IH * ID, iw + size_t(s) * IH, IH, ID, key_rows + u0, visible - u0, out + u0);
+      std::fill(out + visible, out + u1, -INFINITY);
     }
   });
   // Candidate pre-filter: the source keeps its best blocks (plus the newest one) per query; later
@@ -386,11 +397,16 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
     const RowCache* ckv = (ratio && g.kv_source >= 0) ? &g.st->layers()[size_t(g.kv_source)].compressed_kv : nullptr;
     const int k = ratio ? g.topk_k : 0;
     const int32_t* topk = ws.topk.data() + g.topk_off;
-    for_rows(g.S, [&](int64_t s0, int64_t s1) {
+    // Work items: (row, group of heads); decode has one row, so its heads are split instead
+    // (heads are independent: the same bits for any split).
+    const int64_t parts = row_parts(g.S);
+    for_rows(g.S * parts, [&](int64_t i0, int64_t i1) {
       thread_local std::vector<const float*> rows;
       rows.resize(size_t(W + k));
       float cs_local[256];
-      for (int64_t s = s0; s < s1; ++s) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t s = i / parts;
+        const int h0 = int(i % parts * H / parts), h1 = int((i % parts + 1) * H / parts);
         const int64_t t = g.start + s;
         // Canonical list for position t: window positions ascending, padded to `window` with -1,
         // then the selected compressed entries. It depends on t only, so chunking cannot change it.
@@ -403,9 +419,10 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
           rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
         }
         float* os = o + size_t(g.row0 + s) * H * D;
-        kern::sparse_attention(q + size_t(g.row0 + s) * H * D, H, D, rows.data(), n, A.attn_sink.p, scale, os);
+        kern::sparse_attention(q + (size_t(g.row0 + s) * H + h0) * D, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale,
+                               os + size_t(h0) * D);
         rope_table(layer, t, cs_local);
-        for (int h = 0; h < H; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs_local, true);
+        for (int h = h0; h < h1; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs_local, true);
       }
     });
     for (int64_t p = std::max<int64_t>(g.start, g.start + g.S - cap); p < g.start + g.S; ++p)
