@@ -191,6 +191,11 @@ TEST(BenchModel, ReportHasEveryField) {
   EXPECT_GT(j["bandwidth"]["read_gbs"]["median"].get<double>(), 0);
   EXPECT_GT(j["matmul"]["bf16_gflops"].get<double>(), 0);
   EXPECT_EQ(j["matmul"]["shapes"].size(), 10u);
+  // The rooflines use the higher of the before/after measurements.
+  const double bw_used = j["roofline_inputs"]["read_gbs"].get<double>(), peak_used = j["roofline_inputs"]["bf16_gflops"].get<double>();
+  EXPECT_GT(j["bandwidth_after"]["read_gbs"]["median"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(bw_used, std::max(j["bandwidth"]["read_gbs"]["median"].get<double>(), j["bandwidth_after"]["read_gbs"]["median"].get<double>()));
+  EXPECT_DOUBLE_EQ(peak_used, std::max(j["matmul"]["bf16_gflops"].get<double>(), j["matmul"]["bf16_gflops_after"].get<double>()));
   std::set<std::string> names;
   for (const auto& t : j["tests"]) {
     names.insert(t["name"].get<std::string>() + "@" + std::to_string(t["depth"].get<int64_t>()));
@@ -200,6 +205,10 @@ TEST(BenchModel, ReportHasEveryField) {
     for (const char* k : {"weight_bytes", "kv_bytes", "flops", "time_s", "measured_s", "ratio", "bound"})
       EXPECT_TRUE(t["roofline"].contains(k)) << k;
     EXPECT_GT(t["roofline"]["ratio"].get<double>(), 0);
+    const auto& rf = t["roofline"];
+    EXPECT_NEAR(rf["memory_s"].get<double>(), rf["bytes"].get<double>() / (bw_used * 1e9), 1e-9 * rf["memory_s"].get<double>());
+    EXPECT_NEAR(rf["compute_s"].get<double>(), rf["flops"].get<double>() / (peak_used * 1e9), 1e-9 * rf["compute_s"].get<double>());
+    EXPECT_NEAR(rf["ratio"].get<double>(), rf["time_s"].get<double>() / rf["measured_s"].get<double>(), 1e-12);
     if (t["kind"] == "tg") {
       EXPECT_DOUBLE_EQ(t["distinct_experts_per_layer"].get<double>(), model.config().n_activated_experts);
     }

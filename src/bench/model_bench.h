@@ -63,8 +63,13 @@ struct BenchReport {
   MachineInfo machine;
   int threads = 1;
   ModelInfo model;
-  BandwidthResult bandwidth;
+  BandwidthResult bandwidth;        // measured before the tests
   MatmulPeak matmul;
+  BandwidthResult bandwidth_after;  // and again after them (a shared machine drifts)
+  double matmul_bf16_after = 0;
+  // What the rooflines use: the higher of the two measurements, so that contention during one
+  // of them cannot inflate an efficiency.
+  double roofline_read_gbs = 0, roofline_bf16_gflops = 0;
   std::vector<TestResult> tests;
 };
 

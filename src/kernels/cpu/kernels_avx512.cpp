@@ -498,38 +498,7 @@ inline __m256i e4m3x16_half(const uint8_t* p) {
   return _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
 }
 
-// sum_k x[k] * w(k) in fp64 with a fixed lane order; w8(k) gives 8 weights as doubles, w1(k) one.
-template <class W8, class W1>
-inline float dot_f64(const float* x, int64_t K, W8&& w8, W1&& w1) {
-  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd(), a2 = _mm512_setzero_pd(), a3 = _mm512_setzero_pd();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), w8(k), a0);
-    a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k + 8)), w8(k + 8), a1);
-    a2 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k + 16)), w8(k + 16), a2);
-    a3 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k + 24)), w8(k + 24), a3);
-  }
-  for (; k + 8 <= K; k += 8) a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), w8(k), a0);
-  double tail = 0;
-  for (; k < K; ++k) tail += double(x[k]) * w1(k);
-  return float(_mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3))) + tail);
-}
-
-// y[r, n] = out(dot(x_r, w_n)) with columns split over threads; a tile of columns stays in cache
-// while all rows pass over it.
-template <class Dot>
-void linear_f64(int64_t m, int64_t N, int64_t K, Dot&& dot, float* y, ThreadPool* pool) {
-  const int64_t tile = std::max<int64_t>(1, std::min<int64_t>(64, (256 << 10) / std::max<int64_t>(1, K * 2)));
-  run(pool, N, 16, [&](int64_t n0, int64_t n1, int) {
-    for (int64_t t0 = n0; t0 < n1; t0 += tile) {
-      const int64_t t1 = std::min(n1, t0 + tile);
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t n = t0; n < t1; ++n) y[r * N + n] = dot(r, n);
-    }
-  });
-}
-
-// ---- fp64 linears on bf16-exact weights (bf16, FP8 x block scale) ----
+// ---- fp64 linears (bf16, fp32, FP8 x block scale weights) ----
 // Exact products summed in fp64 and rounded once. The activation rows are converted to fp64 once
 // per call (in the order the weight loop consumes them) and four weight rows share each x load;
 // the weight conversions avoid cross-lane shuffles where they can, which bound these loops.
@@ -749,15 +718,19 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
 
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
   const int64_t K = w.in;
-  linear_f64(
-      m, w.out, K,
-      [&](int64_t r, int64_t n) {
-        const float* wr = w.w + n * K;
-        return dot_f64(
-            x + r * K, K, [&](int64_t k) { return _mm512_cvtps_pd(_mm256_loadu_ps(wr + k)); },
-            [&](int64_t k) { return double(wr[k]); });
+  linear_f64_rows(
+      x, m, w.out, K, [](const float* xr, int64_t k, double* xd) { for (int64_t i = 0; i < k; ++i) xd[i] = xr[i]; },
+      [&](const double* xd, int64_t n0, int rows, double* sums) {
+        const float* w0 = w.w + n0 * K;
+        dot4_f64(
+            xd, K, rows,
+            [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
+              lo = _mm512_cvtps_pd(_mm256_loadu_ps(w0 + i * K + k));
+              hi = _mm512_cvtps_pd(_mm256_loadu_ps(w0 + i * K + k + 8));
+            },
+            [&](int i, int64_t k) { return double(w0[i * K + k]); }, sums);
       },
-      y, pool);
+      [](float v) { return v; }, y, pool);
 }
 
 // Several rows (prefill, batched decode): each 32-row weight group is dequantized once to fp64
