@@ -39,6 +39,20 @@ TEST(ServerE2E, OpenAiClient) {
   EXPECT_EQ(srv.stop(), 0) << srv.log();
 }
 
+// Prompt token ids above what the tokenizer defines (the config's vocab is padded) are a 400 at
+// the door, not an engine error after the request was accepted.
+TEST(ServerE2E, TokenIdsOutsideTheTokenizerAre400) {
+  const std::string model = e2e_model_dir();
+  ServerProcess srv({model, "--port", "0"});
+  ASSERT_TRUE(srv.wait_healthy(120)) << srv.log();
+  auto ok = fetch(srv.port(), "POST", "/v1/completions", R"({"prompt":[0, 5, 100],"max_tokens":2})");
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  auto r = fetch(srv.port(), "POST", "/v1/completions", R"({"prompt":[0, 5, 129200],"max_tokens":2,"stream":true})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("129200"), std::string::npos) << r.body;
+  EXPECT_EQ(srv.stop(), 0) << srv.log();
+}
+
 // The real engine's bounded queue: one running, one waiting, the third request gets 429 with
 // Retry-After; closing the two streams cancels them and the cache returns to the prefix-cache level.
 TEST(ServerE2E, QueueFullIs429AndDisconnectsFreeTheCache) {

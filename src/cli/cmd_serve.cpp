@@ -87,7 +87,7 @@ server::LoadedModel load_model(const ServeArgs& a, const std::string& dir) {
   server::LoadedModel lm;
   lm.model.tokenizer = Tokenizer::from_file(tok_path);
   const auto& cfg = model->config();
-  lm.model.vocab_size = int32_t(cfg.vocab_size);
+  lm.model.vocab_size = int32_t(model->sampleable_vocab());  // ids the tokenizer defines; the engine rejects the rest
   lm.model.bos_id = int32_t(cfg.bos_token_id);
   lm.model.eos_id = int32_t(cfg.eos_token_id);
   lm.model.max_context = a.engine.max_context > 0 ? a.engine.max_context : int64_t(cfg.max_position_embeddings);
