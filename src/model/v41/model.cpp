@@ -489,35 +489,50 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
         g[at] = round_bf16(h);
       }
   };
-  // Routed experts: each expert runs once over the rows that chose it; rows accumulate their
-  // experts' outputs in fp32 in expert-id order.
+  // Routed experts: each expert runs once over the rows that chose it. The active experts are
+  // spread over the pool (one dispatch per layer, each expert single-threaded on one core, both
+  // cores streaming different experts); then the rows accumulate their experts' outputs in fp32
+  // in expert-id order, so the result does not depend on the split.
   float* acc = sized(ws.moe_acc, size_t(N) * dim);
   std::fill(acc, acc + size_t(N) * dim, 0.f);
-  int32_t* rows = sized(ws.slots, size_t(N));
-  float* rw = sized(ws.block_scores, size_t(N));
-  float* gx = sized(ws.tmp, size_t(N) * dim);
-  float* g = sized(ws.moe_gate, size_t(N) * I);
-  float* u = sized(ws.moe_up, size_t(N) * I);
-  float* eo = sized(ws.moe_out, size_t(N) * dim);
+  const size_t slots = size_t(N) * K;
+  int32_t* rows = sized(ws.slots, slots);  // expert-major: the rows of each active expert
+  float* rw = sized(ws.block_scores, slots);
+  float* gx = sized(ws.tmp, slots * dim);
+  float* g = sized(ws.moe_gate, slots * I);
+  float* u = sized(ws.moe_up, slots * I);
+  float* eo = sized(ws.moe_out, slots * dim);
+  int32_t* active = sized(ws.order, size_t(E) + 1);  // ids of the active experts
+  int32_t* first = sized(ws.top_blocks, size_t(E) + 1);  // their first slot (and the end)
+  int n_active = 0, m_total = 0;
   for (int e = 0; e < E; ++e) {
-    int m = 0;
+    const int m0 = m_total;
     for (int s = 0; s < N; ++s)
       for (int k = 0; k < K; ++k)
         if (ids[size_t(s) * K + k] == e) {
-          rows[m] = s;
-          rw[m] = wts[size_t(s) * K + k];
-          std::copy(x + size_t(s) * dim, x + size_t(s + 1) * dim, gx + size_t(m) * dim);
-          ++m;
+          rows[m_total] = s;
+          rw[m_total] = wts[size_t(s) * K + k];
+          std::copy(x + size_t(s) * dim, x + size_t(s + 1) * dim, gx + size_t(m_total) * dim);
+          ++m_total;
         }
-    if (m == 0) continue;
-    const auto& X = F.experts[size_t(e)];
-    kern::linear_fp4(gx, m, X.w1, g);
-    kern::linear_fp4(gx, m, X.w3, u);
-    swiglu(g, u, m, rw);
-    kern::linear_fp4(g, m, X.w2, eo);
-    for (int r = 0; r < m; ++r)
-      for (int d = 0; d < dim; ++d) acc[size_t(rows[r]) * dim + d] += eo[size_t(r) * dim + d];
+    if (m_total > m0) active[n_active] = e, first[n_active++] = m0;
   }
+  first[n_active] = m_total;
+  auto run_expert = [&](int a) {
+    const auto& X = F.experts[size_t(active[a])];
+    const int m0 = first[a], m = first[a + 1] - m0;
+    float* ga = g + size_t(m0) * I;
+    float* ua = u + size_t(m0) * I;
+    kern::linear_fp4(gx + size_t(m0) * dim, m, X.w1, ga);
+    kern::linear_fp4(gx + size_t(m0) * dim, m, X.w3, ua);
+    swiglu(ga, ua, m, rw + m0);
+    kern::linear_fp4(ga, m, X.w2, eo + size_t(m0) * dim);
+  };
+  for_rows(n_active, [&](int64_t a0, int64_t a1) {
+    for (int64_t a = a0; a < a1; ++a) run_expert(int(a));
+  });
+  for (int r = 0; r < m_total; ++r)
+    for (int d = 0; d < dim; ++d) acc[size_t(rows[r]) * dim + d] += eo[size_t(r) * dim + d];
   // Shared expert over every row, added once, one bf16 rounding.
   kern::linear_fp8(x, N, F.shared.w1, g);
   kern::linear_fp8(x, N, F.shared.w3, u);
