@@ -7,9 +7,11 @@
 // element, then even; pairs ascending), then x act_scale x weight_scale and accumulated over blocks
 // in K order, exactly as the reference does with its (exact) block sums. The same microkernel runs
 // for every row count, so results do not depend on m, on the thread count, or on the chunking.
+// Weights repacked at load (pack_weight) are read in that order directly; m = 1 converts in registers.
 //
-// bf16 / fp32 / FP8-dequant linears: exact products summed in fp64 (8 lanes + tail), rounded once
-// to fp32. Attention: the reference's order (sequential fp64 dots, fp64 P.V per channel).
+// bf16 / fp32 / FP8-dequant linears: exact products summed in fp64 (2 x 8 lanes per 16 K, then the
+// tail), rounded once to fp32. The logits head: fp32 vdpbf16ps sums (see linear_bf16_logits).
+// Attention: the reference's order (sequential fp64 dots, fp64 P.V per channel). Index scores: fp64.
 #include <immintrin.h>
 
 #include <algorithm>
