@@ -175,7 +175,6 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       r.seconds = summarize(secs);
       r.tokens_per_s = summarize(tps);
       r.measured_s = r.seconds.median;
-      r.efficiency = r.roofline.time_s / r.measured_s;
       r.achieved_gflops = flops / r.measured_s / 1e9;
       rep.tests.push_back(std::move(r));
     }
@@ -214,7 +213,6 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       r.tokens_per_s = summarize(tps);
       r.step_ms = summarize(step);
       r.measured_s = r.step_ms.median / 1e3;
-      r.efficiency = r.roofline.time_s / r.measured_s;
       r.achieved_gflops = r.roofline.flops / r.measured_s / 1e9;
       rep.tests.push_back(std::move(r));
     }
@@ -259,7 +257,6 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       r.tokens_per_s = summarize(tps);
       r.step_ms = summarize(step);
       r.measured_s = r.step_ms.median / 1e3;
-      r.efficiency = r.roofline.time_s / r.measured_s;
       r.achieved_gflops = r.roofline.flops / r.measured_s / 1e9;
       rep.tests.push_back(std::move(r));
     }

@@ -232,24 +232,47 @@ void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, 
 // element e of the pair). FP4: per pair 32 bytes in column order (one byte = one pair), then,
 // after all weights, 32 scale bytes per (panel, block) in column order. Rows past `out` are zero.
 inline int64_t n_panels(int64_t out) { return (out + kPanel - 1) / kPanel; }
+constexpr int64_t kFp8PairBytes = 64, kFp4PairBytes = 32;  // per panel and K pair
+constexpr int64_t kFp8BlockBytes = 16 * kFp8PairBytes, kFp4BlockBytes = 16 * kFp4PairBytes;
 
-void convert_packed_fp8(const uint8_t* src, int64_t kb0, int64_t kb1, const Fp8Lut& t, uint32_t* dst) {
-  const __m512i sign = _mm512_set1_epi32(int(0x80808080u));
-  for (int64_t i = 0; i < (kb1 - kb0) * 16; ++i) {
-    const __m512i b = _mm512_loadu_si512(src + (kb0 * 16 + i) * 64);
-    const __m512i lo = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
-    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, sign, 0xF8);
-    _mm512_storeu_si512(dst + i * kPanel, _mm512_unpacklo_epi8(lo, hi));
-    _mm512_storeu_si512(dst + i * kPanel + 16, _mm512_unpackhi_epi8(lo, hi));
-  }
+// One K pair of a repacked panel -> the bf16 pairs of columns 0-15 (w0) and 16-31 (w1).
+inline void cvt_pair_fp8(const uint8_t* chunk, const Fp8Lut& t, __m512i& w0, __m512i& w1) {
+  const __m512i b = _mm512_loadu_si512(chunk);
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
+  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b,
+                                               _mm512_set1_epi32(int(0x80808080u)), 0xF8);  // | the sign bits
+  w0 = _mm512_unpacklo_epi8(lo, hi);
+  w1 = _mm512_unpackhi_epi8(lo, hi);
+}
+inline __m512i cvt_half_fp4(const uint8_t* p, __m512i table) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_permutexvar_epi16(_mm512_or_si512(x, _mm512_slli_epi32(x, 12)), table);
+}
+inline void cvt_pair_fp4(const uint8_t* chunk, __m512i table, __m512i& w0, __m512i& w1) {
+  w0 = cvt_half_fp4(chunk, table);
+  w1 = cvt_half_fp4(chunk + 16, table);
+}
+// 16 E8M0 codes -> fp32 scales.
+inline __m512 e8m0x16_ps(const uint8_t* p) {
+  return e8m0_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// K blocks kb0..kb1 of a repacked panel into the microkernel's [pair][column] buffer.
+void convert_packed_fp8(const uint8_t* src, int64_t kb0, int64_t kb1, const Fp8Lut& t, uint32_t* dst) {
+  for (int64_t i = 0; i < (kb1 - kb0) * 16; ++i) {
+    __m512i w0, w1;
+    cvt_pair_fp8(src + (kb0 * 16 + i) * kFp8PairBytes, t, w0, w1);
+    _mm512_storeu_si512(dst + i * kPanel, w0);
+    _mm512_storeu_si512(dst + i * kPanel + 16, w1);
+  }
+}
 void convert_packed_fp4(const uint8_t* src, int64_t kb0, int64_t kb1, __m512i table, uint32_t* dst) {
-  for (int64_t i = 0; i < (kb1 - kb0) * 16; ++i)
-    for (int h = 0; h < 2; ++h) {
-      const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (kb0 * 16 + i) * 32 + h * 16)));
-      _mm512_storeu_si512(dst + i * kPanel + h * 16, _mm512_permutexvar_epi16(_mm512_or_si512(x, _mm512_slli_epi32(x, 12)), table));
-    }
+  for (int64_t i = 0; i < (kb1 - kb0) * 16; ++i) {
+    __m512i w0, w1;
+    cvt_pair_fp4(src + (kb0 * 16 + i) * kFp4PairBytes, table, w0, w1);
+    _mm512_storeu_si512(dst + i * kPanel, w0);
+    _mm512_storeu_si512(dst + i * kPanel + 16, w1);
+  }
 }
 
 // bf16 of the 16 E2M1 codes, repeated for indices 16..31 (bit 4 of the index is the neighbour's).
@@ -361,16 +384,24 @@ void quantize_rows(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPo
   run(m >= 16 ? pool : nullptr, m, 1, body);
 }
 
-// The shared FP8/FP4 driver. row_block(n, kb) converts 32 weights of row n; block_scale(n, kb)
-// gives its fp32 weight scale.
-// pack(n0, nvalid, kb0, kb1, panel) converts the panel's weights; scales(n0, nvalid, kb0, kb1, sw)
-// writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
+// Stores one panel's 32 totals (t0: columns 0-15, t1: 16-31) of which `nvalid` are real columns,
+// bf16-rounded unless the test hook asks for the fp32 totals.
+inline void store_panel(float* y, int nvalid, __m512 t0, __m512 t1) {
+  const __mmask16 k0 = __mmask16(nvalid >= 16 ? 0xffff : (1u << nvalid) - 1);
+  const __mmask16 k1 = __mmask16(nvalid <= 16 ? 0 : nvalid >= 32 ? 0xffff : (1u << (nvalid - 16)) - 1);
+  const bool round = !detail::unrounded_quant_output;
+  _mm512_mask_storeu_ps(y, k0, round ? round_bf16_ps(t0) : t0);
+  _mm512_mask_storeu_ps(y + 16, k1, round ? round_bf16_ps(t1) : t1);
+}
+
+// Any m: groups of P panels; per chunk of K blocks the panels are converted into an L1 buffer
+// (pack / scales, see linear_q) and run through the microkernel for all rows.
 template <int P, class Pack, class Scales>
 void linear_q_panels(const uint16_t* xq, const float* sa, int64_t m, int64_t K, int64_t N, Pack& pack,
                      Scales& scales, float* y, ThreadPool* pool) {
   constexpr int kBlocks = kChunkBlocks / P;  // the P converted panels stay within 16 KB of L1
   constexpr int64_t pstride = kBlocks * 16 * kPanel, sstride = kBlocks * kPanel;
-  const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel, ngroups = (npanels + P - 1) / P;
+  const int64_t nkb = K / 32, npanels = n_panels(N), ngroups = (npanels + P - 1) / P;
   run(pool, ngroups, 1, [&](int64_t g0, int64_t g1, int) {
     alignas(64) static thread_local uint32_t panel[kChunkBlocks * 16 * kPanel];
     alignas(64) static thread_local float sw[kChunkBlocks * kPanel];
@@ -394,17 +425,11 @@ void linear_q_panels(const uint16_t* xq, const float* sa, int64_t m, int64_t K, 
           micro_rows<P>(int(std::min<int64_t>(kRowTile, m - r0)), xq + r0 * K + kb0 * 32, K, sa + r0 * nkb + kb0, nkb,
                         panel, pstride, sw, sstride, int(kb1 - kb0), T + r0 * P * kPanel);
       }
-      const bool round = !detail::unrounded_quant_output;
       for (int q = 0; q < np; ++q) {
         const int64_t n0 = (first + q) * kPanel;
-        const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
-        const __mmask16 k0 = __mmask16(nvalid >= 16 ? 0xffff : (1u << nvalid) - 1);
-        const __mmask16 k1 = __mmask16(nvalid <= 16 ? 0 : nvalid >= 32 ? 0xffff : (1u << (nvalid - 16)) - 1);
         for (int64_t r = 0; r < m; ++r) {
           const float* t = T + (r * P + q) * kPanel;
-          const __m512 t0 = _mm512_loadu_ps(t), t1 = _mm512_loadu_ps(t + 16);
-          _mm512_mask_storeu_ps(y + r * N + n0, k0, round ? round_bf16_ps(t0) : t0);
-          _mm512_mask_storeu_ps(y + r * N + n0 + 16, k1, round ? round_bf16_ps(t1) : t1);
+          store_panel(y + r * N + n0, int(std::min<int64_t>(kPanel, N - n0)), _mm512_loadu_ps(t), _mm512_loadu_ps(t + 16));
         }
       }
     }
@@ -438,7 +463,7 @@ template <class Cvt, class Scale>
 void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N, const uint8_t* packed,
                       int64_t panel_bytes, Cvt& cvt, Scale& scale, float* y, ThreadPool* pool) {
   constexpr int P = 4;
-  const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel, pair_bytes = panel_bytes / (nkb * 16);
+  const int64_t nkb = K / 32, npanels = n_panels(N), pair_bytes = panel_bytes / (nkb * 16);
   // Panels split evenly over the threads (an expert's 12 panels: 6 + 6, not groups 2 + 1); each
   // thread takes its panels P at a time, a short last group repeating its last panel.
   run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
@@ -471,25 +496,15 @@ void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N,
           t[q][1] = _mm512_add_ps(t[q][1], _mm512_mul_ps(_mm512_mul_ps(acc[q][1], a), s1));
         }
       }
-      const bool round = !detail::unrounded_quant_output;
       for (int q = 0; q < np; ++q) {
         const int64_t n0 = (first + q) * kPanel;
-        const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
-        const __mmask16 k0 = __mmask16(nvalid >= 16 ? 0xffff : (1u << nvalid) - 1);
-        const __mmask16 k1 = __mmask16(nvalid <= 16 ? 0 : nvalid >= 32 ? 0xffff : (1u << (nvalid - 16)) - 1);
-        _mm512_mask_storeu_ps(y + n0, k0, round ? round_bf16_ps(t[q][0]) : t[q][0]);
-        _mm512_mask_storeu_ps(y + n0 + 16, k1, round ? round_bf16_ps(t[q][1]) : t[q][1]);
+        store_panel(y + n0, int(std::min<int64_t>(kPanel, N - n0)), t[q][0], t[q][1]);
       }
     }
   });
 }
 
 // ---- fp64-accumulated linears ----
-
-inline __m512d bf16x8_pd(const uint16_t* p) {
-  const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
-  return _mm512_cvtps_pd(_mm256_castsi256_ps(u));
-}
 
 // 16 E4M3 codes -> fp16 bits of value x 2^-8 (subnormals included, exact): sign-extended, the code
 // shifted into place, bit 14 (a sign copy) cleared; S.1111.111 is NaN.
@@ -507,6 +522,11 @@ inline __m256i e4m3x16_half(const uint8_t* p) {
 // Each output's sum order depends on K only, never on m, the tile or the thread split.
 
 constexpr int kRows64 = 4;  // weight rows per inner loop
+
+// x as fp64, in order.
+void widen_x(const float* x, int64_t K, double* xd) {
+  for (int64_t k = 0; k < K; ++k) xd[k] = x[k];
+}
 
 // Widened x for the bf16 kernel: per 16 K, x[k + 2d] for d = 0..7, then x[k + 2d + 1].
 void widen_x_bf16(const float* x, int64_t K, double* xd) {
@@ -571,7 +591,7 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
   linear_q(
       x, m, K, w.out,
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) {
-        if (w.packed) convert_packed_fp8(w.packed + (n0 / kPanel) * nkb * 1024, kb0, kb1, lut, dst);
+        if (w.packed) convert_packed_fp8(w.packed + (n0 / kPanel) * nkb * kFp8BlockBytes, kb0, kb1, lut, dst);
         else pack_fp8(w.w, K, n0, nvalid, kb0, kb1, lut, dst);
       },
       [&](int64_t n0, int, int64_t kb0, int64_t kb1, float* sw) {  // one scale per 32 x 32 block
@@ -583,18 +603,13 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
       },
       [&](const uint16_t* xq, const float* sa) {
         if (!w.packed) return false;
-        const __m512i sign = _mm512_set1_epi32(int(0x80808080u));
         auto cvt = [&](const uint8_t* base, int64_t pair, __m512i& w0, __m512i& w1) {
-          const __m512i b = _mm512_loadu_si512(base + pair * 64);
-          const __m512i lo = _mm512_permutex2var_epi8(lut.lo0, b, lut.lo1);
-          const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(lut.hi0, b, lut.hi1), b, sign, 0xF8);
-          w0 = _mm512_unpacklo_epi8(lo, hi);
-          w1 = _mm512_unpackhi_epi8(lo, hi);
+          cvt_pair_fp8(base + pair * kFp8PairBytes, lut, w0, w1);
         };
         auto scale = [&](int64_t panel, int64_t kb, __m512& s0, __m512& s1) {
           s0 = s1 = _mm512_set1_ps(e8[w.scale[panel * nkb + kb]]);
         };
-        linear_q1_packed(xq, sa, K, w.out, w.packed, nkb * 1024, cvt, scale, y, pool);
+        linear_q1_packed(xq, sa, K, w.out, w.packed, nkb * kFp8BlockBytes, cvt, scale, y, pool);
         return true;
       },
       y, pool);
@@ -606,17 +621,14 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
   linear_q(
       x, m, K, w.out,
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) {
-        if (w.packed) convert_packed_fp4(w.packed + (n0 / kPanel) * nkb * 512, kb0, kb1, table, dst);
+        if (w.packed) convert_packed_fp4(w.packed + (n0 / kPanel) * nkb * kFp4BlockBytes, kb0, kb1, table, dst);
         else pack_fp4(w.w, K, n0, nvalid, kb0, kb1, table, dst);
       },
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* sw) {  // one scale per row and block
         if (w.packed) {
-          const uint8_t* ps = w.packed + n_panels(w.out) * nkb * 512 + (n0 / kPanel) * nkb * 32;
+          const uint8_t* ps = w.packed + n_panels(w.out) * nkb * kFp4BlockBytes + (n0 / kPanel) * nkb * kPanel;
           for (int64_t kb = kb0; kb < kb1; ++kb)
-            for (int g = 0; g < 2; ++g) {
-              const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kb * 32 + g * 16)));
-              _mm512_storeu_ps(sw + (kb - kb0) * kPanel + g * 16, e8m0_ps(codes));
-            }
+            for (int g = 0; g < 2; ++g) _mm512_storeu_ps(sw + (kb - kb0) * kPanel + g * 16, e8m0x16_ps(ps + kb * kPanel + g * 16));
           return;
         }
         const __m512i lane = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -634,19 +646,16 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
       },
       [&](const uint16_t* xq, const float* sa) {
         if (!w.packed) return false;
-        const uint8_t* ps = w.packed + n_panels(w.out) * nkb * 512;
+        const uint8_t* ps = w.packed + n_panels(w.out) * nkb * kFp4BlockBytes;
         auto cvt = [&](const uint8_t* base, int64_t pair, __m512i& w0, __m512i& w1) {
-          const __m512i x0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + pair * 32)));
-          const __m512i x1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + pair * 32 + 16)));
-          w0 = _mm512_permutexvar_epi16(_mm512_or_si512(x0, _mm512_slli_epi32(x0, 12)), table);
-          w1 = _mm512_permutexvar_epi16(_mm512_or_si512(x1, _mm512_slli_epi32(x1, 12)), table);
+          cvt_pair_fp4(base + pair * kFp4PairBytes, table, w0, w1);
         };
         auto scale = [&](int64_t panel, int64_t kb, __m512& s0, __m512& s1) {
-          const uint8_t* c = ps + (panel * nkb + kb) * 32;
-          s0 = e8m0_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
-          s1 = e8m0_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16))));
+          const uint8_t* c = ps + (panel * nkb + kb) * kPanel;
+          s0 = e8m0x16_ps(c);
+          s1 = e8m0x16_ps(c + 16);
         };
-        linear_q1_packed(xq, sa, K, w.out, w.packed, nkb * 512, cvt, scale, y, pool);
+        linear_q1_packed(xq, sa, K, w.out, w.packed, nkb * kFp4BlockBytes, cvt, scale, y, pool);
         return true;
       },
       y, pool);
@@ -721,7 +730,7 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
   const int64_t K = w.in;
   linear_f64_rows(
-      x, m, w.out, K, [](const float* xr, int64_t k, double* xd) { for (int64_t i = 0; i < k; ++i) xd[i] = xr[i]; },
+      x, m, w.out, K, widen_x,
       [&](const double* xd, int64_t n0, int rows, double* sums) {
         const float* w0 = w.w + n0 * K;
         dot4_f64(
@@ -822,16 +831,18 @@ void linear_fp8_dequant_rows(const double* xd, int64_t m, const ref::Fp8Weight& 
 // The exact fp64 products are regrouped as (x x 256 x scale) x (e4m3 x 2^-8): the first factor is
 // computed once per 32-row scale group (a power of two times x: exact in fp64), the second is the
 // E4M3 code's own bits as fp16, so the inner loop has no scale lookups or multiplies. Products and
-// sum order are unchanged. Groups with scales where e4m3 x scale overflows fp32 (codes 247-254,
-// never seen in checkpoints) keep the reference's fp32 weight, inf included.
+// sum order are unchanged. Weights with scales where e4m3 x scale overflows fp32 (codes 247-254,
+// never seen in checkpoints) take the rows path, which builds the reference's fp32 weight, inf included.
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32;
   thread_local std::vector<double> xs;
   if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
   double* xd = xs.data();
-  for (int64_t i = 0; i < m * K; ++i) xd[i] = x[i];
-  if (m >= 4) return linear_fp8_dequant_rows(xd, m, w, y, pool);
+  widen_x(x, m * K, xd);
+  bool fp32_overflow = false;  // scale codes 247-254: e4m3 x scale can exceed the fp32 range
+  for (int64_t i = 0; i < ((N + 31) / 32) * nkb; ++i) fp32_overflow |= w.scale[i] >= 247 && w.scale[i] != 255;
+  if (m >= 4 || fp32_overflow) return linear_fp8_dequant_rows(xd, m, w, y, pool);
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     thread_local std::vector<double> scaled_x;
     if (int64_t(scaled_x.size()) < K) scaled_x.resize(size_t(K));
@@ -839,30 +850,20 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
     double sums[kRows64];
     for (int64_t grp = g0; grp < g1; ++grp) {
       const uint8_t* srow = w.scale + grp * nkb;
-      bool fp32_overflow = false;
-      for (int64_t kb = 0; kb < nkb; ++kb) fp32_overflow |= srow[kb] >= 247 && srow[kb] != 255;
       for (int64_t r = 0; r < m; ++r) {
         for (int64_t k = 0; k < K; ++k) xg[k] = xd[r * K + k] * (256.0 * e8[srow[k / 32]]);
         for (int64_t n0 = grp * 32; n0 < std::min(N, grp * 32 + 32); n0 += kRows64) {
           const int rows = int(std::min<int64_t>(kRows64, N - n0));
           const uint8_t* w0 = w.w + n0 * K;
-          if (fp32_overflow) {
-            for (int i = 0; i < rows; ++i) {
-              double s = 0;
-              for (int64_t k = 0; k < K; ++k) s += xd[r * K + k] * double(e4m3_to_f32(w0[i * K + k]) * e8[srow[k / 32]]);
-              sums[i] = s;
-            }
-          } else {
-            dot4_f64(
-                xg, K, rows,
-                [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
-                  _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
-                  const __m512 f = _mm512_cvtph_ps(e4m3x16_half(w0 + i * K + k));
-                  lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
-                  hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
-                },
-                [&](int i, int64_t k) { return double(e4m3_to_f32(w0[i * K + k])) * (1.0 / 256); }, sums);
-          }
+          dot4_f64(
+              xg, K, rows,
+              [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
+                _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
+                const __m512 f = _mm512_cvtph_ps(e4m3x16_half(w0 + i * K + k));
+                lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+                hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+              },
+              [&](int i, int64_t k) { return double(e4m3_to_f32(w0[i * K + k])) * (1.0 / 256); }, sums);
           for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = round_bf16(float(sums[i]));
         }
       }
@@ -879,7 +880,7 @@ void index_scores(const float* q, const float* w, int n_heads, int d, const floa
   if (ks.size() < size_t(d)) ks.resize(size_t(d));
   double* qd = qs.data();
   double* kd = ks.data();
-  for (int64_t i = 0; i < int64_t(n_heads) * d; ++i) qd[i] = q[i];
+  widen_x(q, int64_t(n_heads) * d, qd);
   for (int64_t u = 0; u < n; ++u) {
     const float* k = keys[u];
     for (int i = 0; i < d; i += 8) _mm512_storeu_pd(kd + i, _mm512_cvtps_pd(_mm256_loadu_ps(k + i)));
@@ -1002,10 +1003,10 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
 }
 
 size_t packed_bytes_fp8(const ref::Fp8Weight& w) {
-  return w.in % 32 ? 0 : size_t(n_panels(w.out) * (w.in / 32) * 1024);
+  return w.in % 32 ? 0 : size_t(n_panels(w.out) * (w.in / 32) * kFp8BlockBytes);
 }
 size_t packed_bytes_fp4(const ref::Fp4Weight& w) {
-  return w.in % 32 ? 0 : size_t(n_panels(w.out) * (w.in / 32) * (512 + 32));
+  return w.in % 32 ? 0 : size_t(n_panels(w.out) * (w.in / 32) * (kFp4BlockBytes + kPanel));  // codes + scales
 }
 
 void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
@@ -1014,7 +1015,7 @@ void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t kb = 0; kb < nkb; ++kb)
         for (int j = 0; j < 16; ++j) {
-          uint8_t* c = dst + ((p * nkb + kb) * 16 + j) * 64;
+          uint8_t* c = dst + ((p * nkb + kb) * 16 + j) * kFp8PairBytes;
           for (int col = 0; col < kPanel; ++col) {
             const int64_t n = p * kPanel + col;
             const int half = col / 16, L = (col % 16) / 4, q = col % 4;
@@ -1027,15 +1028,15 @@ void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
 
 void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
   const int64_t nkb = w.in / 32, row_bytes = w.in / 2;
-  uint8_t* scales = dst + n_panels(w.out) * nkb * 512;
+  uint8_t* scales = dst + n_panels(w.out) * nkb * kFp4BlockBytes;
   run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t kb = 0; kb < nkb; ++kb) {
         for (int col = 0; col < kPanel; ++col) {
           const int64_t n = p * kPanel + col;
           for (int j = 0; j < 16; ++j)
-            dst[((p * nkb + kb) * 16 + j) * 32 + col] = n < w.out ? w.w[n * row_bytes + kb * 16 + j] : 0;
-          scales[(p * nkb + kb) * 32 + col] = n < w.out ? w.scale[n * nkb + kb] : 127;
+            dst[((p * nkb + kb) * 16 + j) * kFp4PairBytes + col] = n < w.out ? w.w[n * row_bytes + kb * 16 + j] : 0;
+          scales[(p * nkb + kb) * kPanel + col] = n < w.out ? w.scale[n * nkb + kb] : 127;
         }
       }
   });

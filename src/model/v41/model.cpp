@@ -518,18 +518,17 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     if (m_total > m0) active[n_active] = e, first[n_active++] = m0;
   }
   first[n_active] = m_total;
-  auto run_expert = [&](int a) {
-    const auto& X = F.experts[size_t(active[a])];
-    const int m0 = first[a], m = first[a + 1] - m0;
-    float* ga = g + size_t(m0) * I;
-    float* ua = u + size_t(m0) * I;
-    kern::linear_fp4(gx + size_t(m0) * dim, m, X.w1, ga);
-    kern::linear_fp4(gx + size_t(m0) * dim, m, X.w3, ua);
-    swiglu(ga, ua, m, rw + m0);
-    kern::linear_fp4(ga, m, X.w2, eo + size_t(m0) * dim);
-  };
   for_rows(n_active, [&](int64_t a0, int64_t a1) {
-    for (int64_t a = a0; a < a1; ++a) run_expert(int(a));
+    for (int64_t a = a0; a < a1; ++a) {
+      const auto& X = F.experts[size_t(active[a])];
+      const int m0 = first[a], m = first[a + 1] - m0;
+      float* ga = g + size_t(m0) * I;
+      float* ua = u + size_t(m0) * I;
+      kern::linear_fp4(gx + size_t(m0) * dim, m, X.w1, ga);
+      kern::linear_fp4(gx + size_t(m0) * dim, m, X.w3, ua);
+      swiglu(ga, ua, m, rw + m0);
+      kern::linear_fp4(ga, m, X.w2, eo + size_t(m0) * dim);
+    }
   });
   for (int r = 0; r < m_total; ++r)
     for (int d = 0; d < dim; ++d) acc[size_t(rows[r]) * dim + d] += eo[size_t(r) * dim + d];
