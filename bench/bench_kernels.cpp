@@ -18,6 +18,7 @@
 #include "core/dtypes.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/kernels_internal.h"
 
 using namespace di;
 
@@ -180,6 +181,7 @@ void BM_linear(benchmark::State& state) {
   }
   size_t slot = 0;
   ThreadPool* pool = g_pool[threads].get();
+  const int64_t settled0 = kern::detail::certified_outputs.load(), handed0 = kern::detail::certified_fallbacks.load();
   for (auto _ : state) {
     const size_t i = slot++ % slots;  // a fresh slice every iteration
     const uint8_t* w = g_arena + i * wbytes;
@@ -191,6 +193,11 @@ void BM_linear(benchmark::State& state) {
       case Kind::Logits: kern::linear_bf16_logits(x.data(), m, {g_bf16_arena + i * size_t(N * K), N, K}, y.data(), pool); break;
     }
     benchmark::ClobberMemory();
+  }
+  if (kind == Kind::Fp8Dequant) {  // share of outputs the certified fp32 path handed to fp64
+    const int64_t settled = kern::detail::certified_outputs.load() - settled0,
+                  handed = kern::detail::certified_fallbacks.load() - handed0;
+    if (settled + handed > 0) state.counters["to_fp64"] = double(handed) / double(settled + handed);
   }
   const double bytes = double(wbytes + sbytes);
   const double flops = 2.0 * double(m) * double(N) * double(K);

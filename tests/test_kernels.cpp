@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -443,6 +445,62 @@ TEST(Kernels, LinearFp8Dequant) {
   std::printf("linear_fp8_dequant: %lld of %lld outputs differ by one bf16 ulp\n", (long long)mm.differ,
               (long long)mm.total);
   EXPECT_LT(double(mm.differ), 1e-3 * double(mm.total));
+}
+
+// The certified fp32 path of wo_a (AVX-512, m < 4, bf16-valued x) gives exactly the fp64 path's
+// bits: on random and extreme data, on a near tie and on a cancellation that fp32 gets wrong (both
+// must be handed to the fp64 path), and on x x scale outside the range the bound covers.
+TEST(Kernels, LinearFp8DequantCertified) {
+  std::mt19937 g(17);
+  IsaGuard guard;
+  ThreadPool pool3(3);
+  auto exact = [](const float* x, int64_t m, const ref::Fp8Weight& w, float* y) {
+    kern::detail::exact_fp8_dequant_only = true;
+    kern::linear_fp8_dequant(x, m, w, y, nullptr);
+    kern::detail::exact_fp8_dequant_only = false;
+  };
+  auto check = [&](const std::vector<float>& x, int64_t m, const ref::Fp8Weight& w, const std::string& what) {
+    std::vector<float> want(size_t(m * w.out)), got(want.size(), -1.f), got3(want.size(), -3.f);
+    exact(x.data(), m, w, want.data());
+    kern::linear_fp8_dequant(x.data(), m, w, got.data(), nullptr);
+    kern::linear_fp8_dequant(x.data(), m, w, got3.data(), &pool3);
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << what;
+    ASSERT_EQ(0, std::memcmp(got3.data(), want.data(), got.size() * 4)) << what << " (3 threads)";
+  };
+  const int64_t settled0 = kern::detail::certified_outputs.load(), handed0 = kern::detail::certified_fallbacks.load();
+  for (kern::Isa isa : isas()) {
+    kern::set_isa(isa);
+    for (bool extreme : {false, true})
+      for (const Shape& s : {Shape{1, 64, 64}, Shape{2, 100, 128}, Shape{3, 33, 2048}, Shape{1, 512, 2048}, Shape{5, 40, 64}}) {
+        auto w = make_fp8(g, s.n, s.k, extreme);
+        auto x = make_activations(g, s.m * s.k, extreme);
+        for (auto& v : x) v = round_bf16(v);
+        check(x, s.m, w.view, std::string(kern::isa_name(isa)) + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
+                                  " k=" + std::to_string(s.k) + (extreme ? " extreme" : ""));
+      }
+    // Weights all 1.0 (E4M3 0x38, scale 2^0), 64 inputs.
+    std::vector<uint8_t> ones(64 * 32, 0x38), scale(2, 127);
+    const ref::Fp8Weight w1{ones.data(), scale.data(), 32, 64};
+    std::vector<float> tie(64, 0.f), cancel(64, 1.f), tiny(64, 0x1p-110f);
+    tie[0] = 1.f, tie[1] = 0x1p-8f;              // exactly between the bf16 values 1 and 1 + 2^-7
+    cancel[0] = 0x1p30f, cancel[63] = -0x1p30f;  // fp32 loses the +1 added to 2^30: 60, exact 62
+    check(tie, 1, w1, "tie");
+    check(cancel, 1, w1, "cancellation");
+    check(tiny, 1, w1, "below the covered range");
+    std::vector<float> y(32);
+    kern::linear_fp8_dequant(cancel.data(), 1, w1, y.data(), nullptr);
+    EXPECT_EQ(y[0], 62.f);
+    kern::linear_fp8_dequant(tie.data(), 1, w1, y.data(), nullptr);
+    EXPECT_EQ(y[0], 1.f);
+  }
+  const int64_t settled = kern::detail::certified_outputs.load() - settled0,
+                handed = kern::detail::certified_fallbacks.load() - handed0;
+  std::printf("certified wo_a path: %lld outputs settled in fp32, %lld handed to fp64\n", (long long)settled,
+              (long long)handed);
+  if (kern::isa_supported(kern::Isa::Avx512)) {
+    EXPECT_GT(settled, 0);
+    EXPECT_GE(handed, 3 * 32);  // at least every output of the three crafted cases
+  }
 }
 
 TEST(Kernels, SparseAttention) {

@@ -1,10 +1,10 @@
-// A fixed pool of worker threads for the forward pass. parallel_for splits [0, n) into contiguous
-// ranges, one per thread (the caller runs range 0). Workers spin briefly, then sleep, so a decode
-// step pays no syscall while the pool is busy; nothing is allocated per call.
+// A fixed pool of worker threads for the forward pass. parallel_for cuts [0, n) into a few
+// contiguous chunks per thread, which the threads (the caller included) claim in order until none
+// is left. Workers spin briefly, then sleep, so a decode step pays no syscall while the pool is
+// busy; nothing is allocated per call.
 //
-// The split is static (thread t always gets the same range for the same n, grain and size), so
-// kernels that give every output element to exactly one thread produce the same bits for any
-// thread count. A parallel_for issued from inside a worker (or while the pool is busy) runs
+// The chunks depend only on n, grain and the pool size, never on timing, and kernels give every
+// output element to exactly one call, so results are the same bits for any thread count. A parallel_for issued from inside a worker (or while the pool is busy) runs
 // inline on the calling thread: nested parallelism is allowed but serial.
 #pragma once
 
@@ -41,11 +41,11 @@ class ThreadPool {
 
   int size() const;
   // fn(begin, end, thread_index) for disjoint ranges covering [0, n); ranges are multiples of
-  // `grain` except the last; thread_index < size(). Empty ranges are not called. Returns when
-  // all ranges are done. Exceptions thrown by fn terminate (kernels do not throw).
+  // `grain` except the last; thread_index < size(); at most 4 x size() calls. Empty ranges are
+  // not called. Returns when all ranges are done. Exceptions thrown by fn terminate (kernels do not throw).
   void parallel_for(int64_t n, int64_t grain, RangeFn fn);
 
-  // Range of thread t when [0, n) is split in units of `grain` over `parts` threads.
+  // Range of part t when [0, n) is split in units of `grain` into `parts` contiguous parts.
   static std::pair<int64_t, int64_t> split(int64_t n, int64_t grain, int parts, int t);
 
  private:

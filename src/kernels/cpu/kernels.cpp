@@ -13,6 +13,8 @@ namespace di::kern {
 
 namespace detail {
 bool unrounded_quant_output = false;
+bool exact_fp8_dequant_only = false;
+std::atomic<int64_t> certified_outputs{0}, certified_fallbacks{0};
 
 const float* e8m0_table() {
   static const std::array<float, 256> t = [] {
@@ -82,7 +84,7 @@ ThreadPool*& pool_slot() {
 }
 // Splitting costs a wake-up and a join (microseconds), so small products stay on the caller.
 // Results do not depend on the split, only speed does.
-constexpr int64_t kMinParallelMacs = int64_t(1) << 19;
+constexpr int64_t kMinParallelMacs = int64_t(1) << 16;
 template <class W>
 ThreadPool* pick(ThreadPool* p, int64_t m, const W& w) {
   return m * w.out * w.in < kMinParallelMacs ? nullptr : (p ? p : pool_slot());

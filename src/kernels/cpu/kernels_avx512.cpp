@@ -459,47 +459,54 @@ constexpr int64_t kPrefetchBytes = 2048;
 // panel buffer), P panels at a time for independent chains. Same per-column order as micro.
 // cvt(q_base, pair, w0, w1) converts pair `pair` (= kb * 16 + j) of the panel at q_base;
 // scale(panel, kb, s0, s1) gives the panel's 32 fp32 weight scales of block kb.
+template <int P, class Cvt, class Scale>
+void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64_t first, const uint8_t* packed,
+               int64_t panel_bytes, int64_t pair_bytes, Cvt& cvt, Scale& scale, float* y) {
+  const uint8_t* base[P];
+  for (int q = 0; q < P; ++q) base[q] = packed + (first + q) * panel_bytes;
+  __m512 t[P][2];
+  for (int q = 0; q < P; ++q) t[q][0] = t[q][1] = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    __m512 acc[P][2];
+    for (int q = 0; q < P; ++q) acc[q][0] = acc[q][1] = _mm512_setzero_ps();
+    const uint16_t* xb = xq + kb * 32;
+    for (int j = 0; j < 16; ++j) {
+      const __m512bh xv = bcast_pair(xb + 2 * j);
+      for (int q = 0; q < P; ++q) {
+        __m512i w0, w1;
+        _mm_prefetch(reinterpret_cast<const char*>(base[q] + (kb * 16 + j) * pair_bytes + kPrefetchBytes), _MM_HINT_T0);
+        cvt(base[q], kb * 16 + j, w0, w1);
+        acc[q][0] = _mm512_dpbf16_ps(acc[q][0], (__m512bh)w0, xv);
+        acc[q][1] = _mm512_dpbf16_ps(acc[q][1], (__m512bh)w1, xv);
+      }
+    }
+    const __m512 a = _mm512_set1_ps(sa[kb]);
+    for (int q = 0; q < P; ++q) {
+      __m512 s0, s1;
+      scale(first + q, kb, s0, s1);
+      t[q][0] = _mm512_add_ps(t[q][0], _mm512_mul_ps(_mm512_mul_ps(acc[q][0], a), s0));
+      t[q][1] = _mm512_add_ps(t[q][1], _mm512_mul_ps(_mm512_mul_ps(acc[q][1], a), s1));
+    }
+  }
+  for (int q = 0; q < P; ++q) {
+    const int64_t n0 = (first + q) * kPanel;
+    store_panel(y + n0, int(std::min<int64_t>(kPanel, N - n0)), t[q][0], t[q][1]);
+  }
+}
+
 template <class Cvt, class Scale>
 void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N, const uint8_t* packed,
                       int64_t panel_bytes, Cvt& cvt, Scale& scale, float* y, ThreadPool* pool) {
-  constexpr int P = 4;
   const int64_t nkb = K / 32, npanels = n_panels(N), pair_bytes = panel_bytes / (nkb * 16);
-  // Panels split evenly over the threads (an expert's 12 panels: 6 + 6, not groups 2 + 1); each
-  // thread takes its panels P at a time, a short last group repeating its last panel.
+  // Each chunk of panels runs four at a time, its remainder as one group of 1-3 (no repeats).
   run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
-    for (int64_t first = p0; first < p1; first += P) {
-      const int np = int(std::min<int64_t>(P, p1 - first));
-      int64_t panel[P];
-      const uint8_t* base[P];
-      for (int q = 0; q < P; ++q) panel[q] = std::min(first + q, p1 - 1), base[q] = packed + panel[q] * panel_bytes;
-      __m512 t[P][2];
-      for (int q = 0; q < P; ++q) t[q][0] = t[q][1] = _mm512_setzero_ps();
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        __m512 acc[P][2];
-        for (int q = 0; q < P; ++q) acc[q][0] = acc[q][1] = _mm512_setzero_ps();
-        const uint16_t* xb = xq + kb * 32;
-        for (int j = 0; j < 16; ++j) {
-          const __m512bh xv = bcast_pair(xb + 2 * j);
-          for (int q = 0; q < P; ++q) {
-            __m512i w0, w1;
-            _mm_prefetch(reinterpret_cast<const char*>(base[q] + (kb * 16 + j) * pair_bytes + kPrefetchBytes), _MM_HINT_T0);
-            cvt(base[q], kb * 16 + j, w0, w1);
-            acc[q][0] = _mm512_dpbf16_ps(acc[q][0], (__m512bh)w0, xv);
-            acc[q][1] = _mm512_dpbf16_ps(acc[q][1], (__m512bh)w1, xv);
-          }
-        }
-        const __m512 a = _mm512_set1_ps(sa[kb]);
-        for (int q = 0; q < P; ++q) {
-          __m512 s0, s1;
-          scale(panel[q], kb, s0, s1);
-          t[q][0] = _mm512_add_ps(t[q][0], _mm512_mul_ps(_mm512_mul_ps(acc[q][0], a), s0));
-          t[q][1] = _mm512_add_ps(t[q][1], _mm512_mul_ps(_mm512_mul_ps(acc[q][1], a), s1));
-        }
-      }
-      for (int q = 0; q < np; ++q) {
-        const int64_t n0 = (first + q) * kPanel;
-        store_panel(y + n0, int(std::min<int64_t>(kPanel, N - n0)), t[q][0], t[q][1]);
-      }
+    int64_t first = p0;
+    for (; first + 4 <= p1; first += 4) q1_panels<4>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y);
+    switch (p1 - first) {
+      case 3: q1_panels<3>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
+      case 2: q1_panels<2>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
+      case 1: q1_panels<1>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
+      default: break;
     }
   });
 }
@@ -569,7 +576,7 @@ void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& wi
   double* xd = xs.data();
   for (int64_t r = 0; r < m; ++r) widen(x + r * K, K, xd + r * K);
   const int64_t tiles = (N + kRows64 - 1) / kRows64;
-  run(pool, tiles, 4, [&](int64_t t0, int64_t t1, int) {
+  run(pool, tiles, 1, [&](int64_t t0, int64_t t1, int) {
     double sums[kRows64];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * kRows64;
@@ -827,6 +834,147 @@ void linear_fp8_dequant_rows(const double* xd, int64_t m, const ref::Fp8Weight& 
   });
 }
 
+// wo_a at m < 4 when x holds bf16 values: vdpbf16ps with a certified error bound, exact fallback.
+// Per 32-row scale group, x x scale is still bf16 (a power of two times a bf16 value; the group
+// falls back when it would leave [2^-100, 2^100]), so every product is exact in fp32 and only the
+// fp32 additions round. Each vdpbf16ps step adds two products with at most two roundings (round to
+// nearest even, per the ISA), each off by <= 2^-24 of its result, so with A_i the accumulator after
+// step i:  |fp32 sum - exact sum| <= 2^-24 (2 sum_i |A_i| + sum |products|), where
+// sum |products| <= 448 sum |x x scale|.
+// The kernel tracks sum_i |A_i| beside each accumulator. When the interval (sum +- bound) maps to
+// one bf16 under the fp64 kernel's rounding (fp64 -> fp32 -> bf16, monotone), that bf16 is the fp64
+// kernel's result; otherwise (a few % of outputs) the output is recomputed by the
+// fp64 kernel itself (dot4_f64, one row). So the bits are those of the exact kernel, at the speed of
+// an fp32 one.
+// The 16 fp32 lanes of v as 8 fp64 pair sums (exact: each fp32 pair sum fits in fp64 unless the
+// exponents differ by more than 29; either way far below the bound's 2^-45 slack).
+inline __m512d widen_sum(__m512 v) {
+  return _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
+}
+
+// Two weight rows against M rows of x x scale: the fp32 dot products and, beside each accumulator,
+// the running sum of its magnitudes after every step (compile-time M keeps all of it in registers;
+// two weight rows give independent chains to hide the vdpbf16ps latency).
+template <int M>
+inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, const Fp8Lut& lut, __m512 (&acc)[2][3][2],
+                           __m512 (&track)[2][3][2]) {
+  for (int64_t c = 0; c < K / 64; ++c) {
+    __m512i w[2][2];
+    for (int i = 0; i < 2; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + i * K + c * 64 + kPrefetchBytes), _MM_HINT_T0);
+      cvt_pair_fp8(wr + i * K + c * 64, lut, w[i][0], w[i][1]);
+    }
+    for (int r = 0; r < M; ++r) {
+      const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xbf + r * K + c * 64);
+      const __m512bh x1 = (__m512bh)_mm512_loadu_si512(xbf + r * K + c * 64 + 32);
+      for (int i = 0; i < 2; ++i) {
+        acc[i][r][0] = _mm512_dpbf16_ps(acc[i][r][0], (__m512bh)w[i][0], x0);
+        acc[i][r][1] = _mm512_dpbf16_ps(acc[i][r][1], (__m512bh)w[i][1], x1);
+        track[i][r][0] = _mm512_add_ps(track[i][r][0], _mm512_abs_ps(acc[i][r][0]));
+        track[i][r][1] = _mm512_add_ps(track[i][r][1], _mm512_abs_ps(acc[i][r][1]));
+      }
+    }
+  }
+}
+
+bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  static const Fp8Lut lut;
+  const float* e8 = detail::e8m0_table();
+  const int64_t K = w.in, N = w.out, nkb = K / 32, nch = K / 64;
+  if (m > 3 || K % 64 != 0 || detail::exact_fp8_dequant_only) return false;
+  for (int64_t i = 0; i < m * K; ++i)
+    if (f32_bits(x[i]) & 0xffff) return false;  // not bf16 values: the fp64 path
+  run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
+    int64_t settled = 0, handed = 0;
+    thread_local std::vector<uint16_t> xbf;  // [m][K] x x scale as bf16, in cvt_pair_fp8's word order
+    thread_local std::vector<double> x64;    // [K] x x 256 x scale in fp64, for the exact fallback
+    if (int64_t(xbf.size()) < 3 * K) xbf.resize(size_t(3 * K));
+    if (int64_t(x64.size()) < K) x64.resize(size_t(K));
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const uint8_t* srow = w.scale + grp * nkb;
+      const int64_t n_begin = grp * 32, n_end = std::min(N, n_begin + 32);
+      double abs_sum[3];
+      bool in_range = true;
+      for (int64_t r = 0; r < m; ++r) {
+        const float* xr = x + r * K;
+        __m512 amax = _mm512_setzero_ps(), amin = _mm512_set1_ps(INFINITY), asum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < nch; ++c) {
+          __m512 v[4];
+          for (int q = 0; q < 4; ++q) {
+            v[q] = _mm512_mul_ps(_mm512_loadu_ps(xr + c * 64 + q * 16), _mm512_set1_ps(e8[srow[(c * 64 + q * 16) / 32]]));
+            const __m512 a = _mm512_abs_ps(v[q]);
+            amax = _mm512_max_ps(amax, a);
+            amin = _mm512_mask_min_ps(amin, _mm512_cmpneq_ps_mask(a, _mm512_setzero_ps()), amin, a);
+            asum = _mm512_add_ps(asum, a);
+          }
+          const __m512i z0 = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]), z1 = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
+          uint16_t* d = xbf.data() + r * K + c * 64;
+          _mm512_storeu_si512(d, _mm512_shuffle_i64x2(z0, z1, 0x88));       // words 0-7, 16-23, 32-39, 48-55
+          _mm512_storeu_si512(d + 32, _mm512_shuffle_i64x2(z0, z1, 0xDD));  // words 8-15, 24-31, 40-47, 56-63
+        }
+        const float hi = _mm512_reduce_max_ps(amax), lo = _mm512_reduce_min_ps(amin);
+        in_range &= hi <= 0x1p100f && (lo == INFINITY || lo >= 0x1p-100f);
+        abs_sum[r] = double(_mm512_reduce_add_ps(asum));
+      }
+      int64_t x64_row = -1;  // which row x64 holds
+      for (int64_t n0 = n_begin; n0 < n_end; n0 += 2) {
+        // Two weight rows per pass; a lone last row (odd N) goes to the fp64 path.
+        const bool pair = n0 + 1 < n_end, fast = in_range && pair;
+        __m512 acc[2][3][2], track[2][3][2];
+        for (int i = 0; i < 2; ++i)
+          for (int r = 0; r < 3; ++r)
+            for (int h = 0; h < 2; ++h) acc[i][r][h] = track[i][r][h] = _mm512_setzero_ps();
+        if (fast) {
+          const uint8_t* wr = w.w + n0 * K;
+          if (m == 1) certified_dots<1>(wr, K, xbf.data(), lut, acc, track);
+          else if (m == 2) certified_dots<2>(wr, K, xbf.data(), lut, acc, track);
+          else certified_dots<3>(wr, K, xbf.data(), lut, acc, track);
+        }
+        for (int i = 0; i < (pair ? 2 : 1); ++i)
+          for (int64_t r = 0; r < m; ++r) {
+            const int64_t n = n0 + i;
+            if (fast) {
+              const __m512 a0 = acc[i][r][0], a1 = acc[i][r][1];
+              const double sum = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(a0), widen_sum(a1)));
+              const double mag = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(_mm512_abs_ps(a0)), widen_sum(_mm512_abs_ps(a1))));
+              const double tracked = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(track[i][r][0]), widen_sum(track[i][r][1])));
+              // 1.01: the fp32 sums of |A_i| and |x x scale| are themselves low by < K 2^-24 relative;
+              // 2^-45 mag: the fp64 reduction of the lanes and of sum +- bound.
+              const double bound = 0x1p-24 * 1.01 * (2 * tracked + 448 * abs_sum[r]) + 0x1p-45 * mag;
+              const float lo = round_bf16(float(sum - bound)), hi = round_bf16(float(sum + bound));
+              if (std::isfinite(sum) && f32_bits(lo) == f32_bits(hi)) {
+                y[r * N + n] = lo;
+                ++settled;
+                continue;
+              }
+            }
+            ++handed;
+            if (x64_row != r) {
+              for (int64_t k = 0; k < K; k += 8)  // the fp64 path's x (exact products)
+                _mm512_storeu_pd(x64.data() + k, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + r * K + k)),
+                                                               _mm512_set1_pd(256.0 * e8[srow[k / 32]])));
+              x64_row = r;
+            }
+            const uint8_t* wr = w.w + n * K;
+            double sum;
+            dot4_f64(
+                x64.data(), K, 1,
+                [&](int, int64_t k, __m512d& lo, __m512d& hi) {
+                  const __m512 f = _mm512_cvtph_ps(e4m3x16_half(wr + k));
+                  lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+                  hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+                },
+                [&](int, int64_t k) { return double(e4m3_to_f32(wr[k])) * (1.0 / 256); }, &sum);
+            y[r * N + n] = round_bf16(float(sum));
+          }
+      }
+    }
+    detail::certified_outputs.fetch_add(settled, std::memory_order_relaxed);
+    detail::certified_fallbacks.fetch_add(handed, std::memory_order_relaxed);
+  });
+  return true;
+}
+
 // wo_a: the reference dequantizes to an fp32 weight (e4m3 x block scale) and runs a bf16 linear.
 // The exact fp64 products are regrouped as (x x 256 x scale) x (e4m3 x 2^-8): the first factor is
 // computed once per 32-row scale group (a power of two times x: exact in fp64), the second is the
@@ -836,12 +984,13 @@ void linear_fp8_dequant_rows(const double* xd, int64_t m, const ref::Fp8Weight& 
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32;
+  bool fp32_overflow = false;  // scale codes 247-254: e4m3 x scale can exceed the fp32 range
+  for (int64_t i = 0; i < ((N + 31) / 32) * nkb; ++i) fp32_overflow |= w.scale[i] >= 247 && w.scale[i] != 255;
+  if (!fp32_overflow && fp8_dequant_certified(x, m, w, y, pool)) return;
   thread_local std::vector<double> xs;
   if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
   double* xd = xs.data();
   widen_x(x, m * K, xd);
-  bool fp32_overflow = false;  // scale codes 247-254: e4m3 x scale can exceed the fp32 range
-  for (int64_t i = 0; i < ((N + 31) / 32) * nkb; ++i) fp32_overflow |= w.scale[i] >= 247 && w.scale[i] != 255;
   if (m >= 4 || fp32_overflow) return linear_fp8_dequant_rows(xd, m, w, y, pool);
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     thread_local std::vector<double> scaled_x;

@@ -4,6 +4,7 @@
 // keep that copy for the whole program).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -22,6 +23,12 @@ const float* e8m0_table();
 // the final bf16 rounding, so tests can compare summation orders bit for bit (a wrong order
 // rarely changes a bf16 output). Never set outside tests.
 extern bool unrounded_quant_output;
+
+// The certified fp32 path of linear_fp8_dequant (AVX-512, m < 4, bf16-valued x): outputs it
+// settled, and outputs it handed to the exact fp64 path (bound too wide). Tests set
+// exact_fp8_dequant_only to get the fp64 path's bits for comparison.
+extern bool exact_fp8_dequant_only;
+extern std::atomic<int64_t> certified_outputs, certified_fallbacks;
 
 }  // namespace di::kern::detail
 
