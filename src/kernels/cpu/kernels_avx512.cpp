@@ -1054,7 +1054,7 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
                       const float* attn_sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;
   const int H = n_heads;
-  thread_local std::vector<double> kvT, part;
+  thread_local std::vector<double> kvT, part, qd;
   thread_local std::vector<float> score, acc, zero_row, running_max, denom;
   if (kvT.size() < size_t(d) * 8) kvT.resize(size_t(d) * 8);
   if (part.size() < size_t(d)) part.resize(size_t(d));
@@ -1066,36 +1066,47 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
   std::fill(running_max.begin(), running_max.begin() + H, -1e30f);
   std::fill(denom.begin(), denom.begin() + H, 0.f);
   double* kt = kvT.data();
+  if (qd.size() < size_t(H) * d) qd.resize(size_t(H) * d);
+  for (int64_t i = 0; i < int64_t(H) * d; ++i) qd[size_t(i)] = q[i];  // widened once, broadcast from memory
   for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
     const int64_t c1 = std::min(n_rows, c0 + kChunk);
     // Scores: 8 rows per lane group, each lane a sequential fp64 dot over d (the reference's order).
     for (int64_t g0 = c0; g0 < c1; g0 += 8) {
       const int ng = int(std::min<int64_t>(8, c1 - g0));
-      alignas(64) int64_t addr[8];
-      for (int l = 0; l < 8; ++l) {
-        const float* row = l < ng && kv_rows[g0 + l] ? kv_rows[g0 + l] : zero_row.data();
-        addr[l] = int64_t(reinterpret_cast<uintptr_t>(row));
+      const float* rw[8];
+      for (int l = 0; l < 8; ++l) rw[l] = l < ng && kv_rows[g0 + l] ? kv_rows[g0 + l] : zero_row.data();
+      // The 8 rows transposed into kt[i][row] in fp64, 8 x 8 floats per in-register transpose.
+      int i = 0;
+      for (; i + 8 <= d; i += 8) {
+        __m256 r[8], t[8], u[8];
+        for (int l = 0; l < 8; ++l) r[l] = _mm256_loadu_ps(rw[l] + i);
+        for (int l = 0; l < 8; l += 2) t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]), t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+        for (int l = 0; l < 8; l += 4) {
+          u[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44), u[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
+          u[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44), u[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
+        }
+        for (int c = 0; c < 4; ++c) {
+          _mm512_storeu_pd(kt + int64_t(i + c) * 8, _mm512_cvtps_pd(_mm256_permute2f128_ps(u[c], u[c + 4], 0x20)));
+          _mm512_storeu_pd(kt + int64_t(i + c + 4) * 8, _mm512_cvtps_pd(_mm256_permute2f128_ps(u[c], u[c + 4], 0x31)));
+        }
       }
-      __m512i va = _mm512_loadu_si512(addr);
-      for (int i = 0; i < d; ++i) {
-        _mm512_storeu_pd(kt + int64_t(i) * 8, _mm512_cvtps_pd(_mm512_i64gather_ps(va, nullptr, 1)));
-        va = _mm512_add_epi64(va, _mm512_set1_epi64(4));
-      }
+      for (; i < d; ++i)
+        for (int l = 0; l < 8; ++l) kt[int64_t(i) * 8 + l] = rw[l][i];
       for (int h0 = 0; h0 < H; h0 += 8) {
         const int nh = std::min(8, H - h0);
         __m512d a[8];
         for (int hh = 0; hh < 8; ++hh) a[hh] = _mm512_setzero_pd();
-        const float* qh = q + int64_t(h0) * d;
+        const double* qh = qd.data() + int64_t(h0) * d;
         if (nh == 8) {
           for (int i = 0; i < d; ++i) {
             const __m512d kv = _mm512_loadu_pd(kt + int64_t(i) * 8);
-            for (int hh = 0; hh < 8; ++hh) a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(double(qh[int64_t(hh) * d + i])), kv, a[hh]);
+#pragma GCC unroll 8
+            for (int hh = 0; hh < 8; ++hh) a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(qh[int64_t(hh) * d + i]), kv, a[hh]);
           }
         } else {
           for (int i = 0; i < d; ++i) {
             const __m512d kv = _mm512_loadu_pd(kt + int64_t(i) * 8);
-            for (int hh = 0; hh < nh; ++hh)
-              a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(double(qh[int64_t(hh) * d + i])), kv, a[hh]);
+            for (int hh = 0; hh < nh; ++hh) a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(qh[int64_t(hh) * d + i]), kv, a[hh]);
           }
         }
         for (int hh = 0; hh < nh; ++hh) {
@@ -1115,17 +1126,39 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       const float rescale = std::exp(running_max[size_t(h)] - new_max);
       double psum = 0;
       double* pt = part.data();
-      std::fill(pt, pt + d, 0.0);
+      // Probabilities first, then P.V with 64 outputs per pass held in registers; each output
+      // still sums its rows in list order, so the bits are the reference's.
+      double pb[kChunk];
+      const float* rows[kChunk];
+      int live = 0;
       for (int64_t j = c0; j < c1; ++j) {
         const float p = std::exp(sc[j - c0] - new_max);
         psum += p;
         if (!kv_rows[j]) continue;
-        const __m512d pb = _mm512_set1_pd(double(round_bf16(p)));
-        const float* kv = kv_rows[j];
-        int i = 0;
-        for (; i + 8 <= d; i += 8)
-          _mm512_storeu_pd(pt + i, _mm512_fmadd_pd(pb, _mm512_cvtps_pd(_mm256_loadu_ps(kv + i)), _mm512_loadu_pd(pt + i)));
-        for (; i < d; ++i) pt[i] += double(round_bf16(p)) * kv[i];
+        pb[live] = double(round_bf16(p));
+        rows[live++] = kv_rows[j];
+      }
+      int e = 0;
+      for (; e + 64 <= d; e += 64) {
+        __m512d acc8[8];
+        for (int z = 0; z < 8; ++z) acc8[z] = _mm512_setzero_pd();
+        for (int j = 0; j < live; ++j) {
+          const __m512d p8 = _mm512_set1_pd(pb[j]);
+#pragma GCC unroll 8
+          for (int z = 0; z < 8; ++z)
+            acc8[z] = _mm512_fmadd_pd(p8, _mm512_cvtps_pd(_mm256_loadu_ps(rows[j] + e + 8 * z)), acc8[z]);
+        }
+        for (int z = 0; z < 8; ++z) _mm512_storeu_pd(pt + e + 8 * z, acc8[z]);
+      }
+      for (; e + 8 <= d; e += 8) {
+        __m512d acc1 = _mm512_setzero_pd();
+        for (int j = 0; j < live; ++j)
+          acc1 = _mm512_fmadd_pd(_mm512_set1_pd(pb[j]), _mm512_cvtps_pd(_mm256_loadu_ps(rows[j] + e)), acc1);
+        _mm512_storeu_pd(pt + e, acc1);
+      }
+      for (; e < d; ++e) {
+        pt[e] = 0;
+        for (int j = 0; j < live; ++j) pt[e] += pb[j] * rows[j][e];
       }
       denom[size_t(h)] = denom[size_t(h)] * rescale + float(psum);
       float* ah = acc.data() + size_t(h) * d;
