@@ -149,6 +149,14 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
     case Isa::Scalar: return ref::linear_fp8_dequant(x, m, w, y);
   }
 }
+void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y) {
+  if (current() == Isa::Avx512) return avx512::hc_collapse(X, pre, hc, dim, y);
+  ref::hc_collapse(X, pre, hc, dim, y);
+}
+void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y) {
+  if (current() == Isa::Avx512) return avx512::hc_expand(f, X, post, comb, hc, dim, Y);
+  ref::hc_expand(f, X, post, comb, hc, dim, Y);
+}
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
   if (current() == Isa::Avx512 && d % 8 == 0) return avx512::index_scores(q, w, n_heads, d, keys, n, out);
   ref::index_scores(q, w, n_heads, d, keys, n, out);

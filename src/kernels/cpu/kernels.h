@@ -42,6 +42,10 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out);
 
+// mHC collapse / expand of one row (contracts: ref::hc_collapse, ref::hc_expand); single-threaded.
+void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);
+void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y);
+
 // Indexer scores of one query row against n keys (contract: ref::index_scores); single-threaded,
 // the model splits query rows over its pool.
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);

@@ -1020,6 +1020,41 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
   });
 }
 
+// mHC collapse / expand, 16 columns per vector: the reference's fp32 products and sums in the
+// same order (no FMA: -ffp-contract=off), then one bf16 rounding.
+void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y) {
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int k = 0; k < hc; ++k)
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(pre[k]), _mm512_loadu_ps(X + size_t(k) * dim + d)));
+    _mm512_storeu_ps(y + d, round_bf16_ps(acc));
+  }
+  for (; d < dim; ++d) {
+    float acc = 0.f;
+    for (int k = 0; k < hc; ++k) acc += pre[k] * X[size_t(k) * dim + d];
+    y[d] = round_bf16(acc);
+  }
+}
+
+void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y) {
+  for (int j = 0; j < hc; ++j) {
+    int d = 0;
+    for (; d + 16 <= dim; d += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int i = 0; i < hc; ++i)
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(comb[i * hc + j]), _mm512_loadu_ps(X + size_t(i) * dim + d)));
+      const __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(post[j]), _mm512_loadu_ps(f + d)), acc);
+      _mm512_storeu_ps(Y + size_t(j) * dim + d, round_bf16_ps(v));
+    }
+    for (; d < dim; ++d) {
+      float acc = 0.f;
+      for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * X[size_t(i) * dim + d];
+      Y[size_t(j) * dim + d] = round_bf16(post[j] * f[d] + acc);
+    }
+  }
+}
+
 // The indexer's dots in fp64 with 8 lanes (q widened once per call, each key once): the products
 // of FP4-quantized q and k have a few significant bits and their sum is exact in fp64 in any order,
 // so this gives the reference's bits; the per-head epilogue is the reference's scalar code.

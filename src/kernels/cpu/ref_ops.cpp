@@ -181,6 +181,23 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
   }
 }
 
+void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y) {
+  for (int d = 0; d < dim; ++d) {
+    float acc = 0.f;
+    for (int k = 0; k < hc; ++k) acc += pre[k] * X[size_t(k) * dim + d];
+    y[d] = round_bf16(acc);
+  }
+}
+
+void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y) {
+  for (int j = 0; j < hc; ++j)
+    for (int d = 0; d < dim; ++d) {
+      float acc = 0.f;
+      for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * X[size_t(i) * dim + d];
+      Y[size_t(j) * dim + d] = round_bf16(post[j] * f[d] + acc);
+    }
+}
+
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }

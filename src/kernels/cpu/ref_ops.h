@@ -63,6 +63,12 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
 // q: [n_heads, d], w: [n_heads] (already bf16-rounded), keys: n pointers to d floats.
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
 
+// mHC collapse (hc_pre): y[d] = bf16(sum over k ascending of pre[k] * X[k][d]), fp32. X: [hc][dim].
+void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);
+// mHC expand (hc_post): Y[j][d] = bf16(post[j] * f[d] + sum over i ascending of comb[i][j] * X[i][d]),
+// fp32. X, Y: [hc][dim]; comb: [hc][hc] (row i, column j).
+void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y);
+
 // hc_split_sinkhorn: mixes[(2+hc)*hc] -> pre[hc], post[hc], comb[hc*hc] (row i, column j).
 void hc_split_sinkhorn(const float* mixes, const float* scale3, const float* base, int hc, int iters,
                        float eps, float* pre, float* post, float* comb);

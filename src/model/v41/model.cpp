@@ -46,25 +46,6 @@ void topk_desc(const float* score, int n, int k, int32_t* out, std::vector<int32
   std::copy(order.begin(), order.begin() + k, out);
 }
 
-// hc_pre: sum_k pre_k * X_k in fp32, one bf16 rounding.
-void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y) {
-  for (int d = 0; d < dim; ++d) {
-    float acc = 0.f;
-    for (int k = 0; k < hc; ++k) acc += pre[k] * X[size_t(k) * dim + d];
-    y[d] = round_bf16(acc);
-  }
-}
-
-// hc_post: Y_j = post_j * f + sum_i C_ij X_i, fp32, one bf16 rounding.
-void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y) {
-  for (int j = 0; j < hc; ++j)
-    for (int d = 0; d < dim; ++d) {
-      float acc = 0.f;
-      for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * X[size_t(i) * dim + d];
-      Y[size_t(j) * dim + d] = round_bf16(post[j] * f[d] + acc);
-    }
-}
-
 // Runs fn(begin, end) over [0, n) on the kernels' pool (inline without one). Used for per-query
 // work (attention, index scoring) whose results do not depend on the split.
 template <class F>
@@ -167,17 +148,23 @@ void Model::engram(int layer, Ctx& c) const {
   int li = 0;
   while (engram_.layer_ids[size_t(li)] != layer) ++li;
   const float* wqk = wqk_.data() + size_t(li) * hc * dim;
-  float* emb = sized(c.ws.tmp, size_t(cols) * hd);
-  float* kv = sized(c.ws.y, size_t(hc + 1) * dim);
+  const size_t emb_n = size_t(cols) * hd, kv_n = size_t(hc + 1) * dim;
+  float* embs = sized(c.ws.tmp, size_t(c.R) * emb_n);
+  float* kvs = sized(c.ws.y, size_t(c.R) * kv_n);
   const float dim_scale = float(std::pow(double(dim), -0.5));
+  // Gather every row's embeddings, then one projection over all rows (the weight streams once).
   for (int s = 0; s < c.R; ++s) {
     const int32_t* ids = c.ws.hash_ids.data() + (size_t(s) * nl + li) * cols;
+    float* emb = embs + size_t(s) * emb_n;
     for (int j = 0; j < cols; ++j) {
       const uint8_t* row = E.table + int64_t(ids[j]) * hd;
       const uint8_t* sc = E.table_scale + int64_t(ids[j]) * (hd / 32);
       for (int d = 0; d < hd; ++d) emb[j * hd + d] = e4m3_to_f32(row[d]) * e8m0_to_f32(sc[d / 32]);
     }
-    kern::linear_fp8(emb, 1, E.wkv, kv);
+  }
+  kern::linear_fp8(embs, c.R, E.wkv, kvs);
+  for (int s = 0; s < c.R; ++s) {
+    const float* kv = kvs + size_t(s) * kv_n;
     const float* value = kv + size_t(hc) * dim;
     for (int k = 0; k < hc; ++k) {
       float* X = c.stream + (size_t(s) * hc + k) * dim;
@@ -556,24 +543,24 @@ void Model::block(int layer, Ctx& c) const {
   // Attention: collapses with the incoming pre_mix; its own `pre` is used by the FFN.
   hc_mixes(L.hc_attn, c.stream, S, attn_pre, post, comb, ws);
   for (int s = 0; s < S; ++s) {
-    hc_collapse(c.stream + size_t(s) * hc * dim, c.pre_mix + s * hc, hc, dim, x + size_t(s) * dim);
+    kern::hc_collapse(c.stream + size_t(s) * hc * dim, c.pre_mix + s * hc, hc, dim, x + size_t(s) * dim);
     ref::rms_norm(x + size_t(s) * dim, L.attn_norm.p, dim, cfg_.norm_eps, x + size_t(s) * dim);
   }
   attention(layer, c, x, f);
   for (int s = 0; s < S; ++s)
-    hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
+    kern::hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
               next + size_t(s) * hc * dim);
   std::copy(next, next + n_stream, c.stream);
 
   // FFN: collapses with the attention's pre; its own pre goes to the next block.
   hc_mixes(L.hc_ffn, c.stream, S, ffn_pre, post, comb, ws);
   for (int s = 0; s < S; ++s) {
-    hc_collapse(c.stream + size_t(s) * hc * dim, attn_pre + s * hc, hc, dim, x + size_t(s) * dim);
+    kern::hc_collapse(c.stream + size_t(s) * hc * dim, attn_pre + s * hc, hc, dim, x + size_t(s) * dim);
     ref::rms_norm(x + size_t(s) * dim, L.ffn_norm.p, dim, cfg_.norm_eps, x + size_t(s) * dim);
   }
   moe(layer, c, x, f);
   for (int s = 0; s < S; ++s)
-    hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
+    kern::hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
               next + size_t(s) * hc * dim);
   std::copy(next, next + n_stream, c.stream);
   std::copy(ffn_pre, ffn_pre + size_t(S) * hc, c.pre_mix);
@@ -715,7 +702,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
   float* hidden = sized(ws.logits_rows, size_t(rows) * dim);
   for (int r = 0; r < rows; ++r) {
     const int s = out_rows[size_t(r)];
-    hc_collapse(stream + size_t(s) * hc * dim, pre_mix + size_t(s) * hc, hc, dim, hidden + size_t(r) * dim);
+    kern::hc_collapse(stream + size_t(s) * hc * dim, pre_mix + size_t(s) * hc, hc, dim, hidden + size_t(r) * dim);
     ref::rms_norm(hidden + size_t(r) * dim, w_.norm.p, dim, cf.norm_eps, hidden + size_t(r) * dim);
   }
   const size_t V = size_t(cf.vocab_size);
