@@ -881,92 +881,127 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, N = w.out, nkb = K / 32, nch = K / 64;
-  if (m > 3 || K % 64 != 0 || detail::exact_fp8_dequant_only) return false;
+  if (K % 64 != 0 || detail::exact_fp8_dequant_only) return false;
   for (int64_t i = 0; i < m * K; ++i)
     if (f32_bits(x[i]) & 0xffff) return false;  // not bf16 values: the fp64 path
+  // Exact fallback, same products and order as the fp64 kernels: at m < 4 per output from the E4M3
+  // codes; for more rows the group's weights are dequantized to fp64 once (on its first hand-over)
+  // and shared by all its handed-over outputs.
+  const bool many = m >= 4;
+  thread_local std::vector<double> xs;
+  if (many) {
+    if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
+    widen_x(x, m * K, xs.data());
+  }
+  const double* xd = xs.data();
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     int64_t settled = 0, handed = 0;
-    thread_local std::vector<uint16_t> xbf;  // [m][K] x x scale as bf16, in cvt_pair_fp8's word order
-    thread_local std::vector<double> x64;    // [K] x x 256 x scale in fp64, for the exact fallback
+    thread_local std::vector<uint16_t> xbf;  // [3][K] x x scale as bf16, in cvt_pair_fp8's word order
+    thread_local std::vector<double> x64;    // [K] x x 256 x scale in fp64 (m < 4 fallback)
+    thread_local std::vector<double> wd;     // [32][K] e4m3 x scale in fp64 (m >= 4 fallback)
     if (int64_t(xbf.size()) < 3 * K) xbf.resize(size_t(3 * K));
     if (int64_t(x64.size()) < K) x64.resize(size_t(K));
+    if (many && int64_t(wd.size()) < 32 * K) wd.resize(size_t(32 * K));
     for (int64_t grp = g0; grp < g1; ++grp) {
       const uint8_t* srow = w.scale + grp * nkb;
       const int64_t n_begin = grp * 32, n_end = std::min(N, n_begin + 32);
-      double abs_sum[3];
-      bool in_range = true;
-      for (int64_t r = 0; r < m; ++r) {
-        const float* xr = x + r * K;
-        __m512 amax = _mm512_setzero_ps(), amin = _mm512_set1_ps(INFINITY), asum = _mm512_setzero_ps();
-        for (int64_t c = 0; c < nch; ++c) {
-          __m512 v[4];
-          for (int q = 0; q < 4; ++q) {
-            v[q] = _mm512_mul_ps(_mm512_loadu_ps(xr + c * 64 + q * 16), _mm512_set1_ps(e8[srow[(c * 64 + q * 16) / 32]]));
-            const __m512 a = _mm512_abs_ps(v[q]);
-            amax = _mm512_max_ps(amax, a);
-            amin = _mm512_mask_min_ps(amin, _mm512_cmpneq_ps_mask(a, _mm512_setzero_ps()), amin, a);
-            asum = _mm512_add_ps(asum, a);
+      bool wd_ready = false;
+      for (int64_t r0 = 0; r0 < m; r0 += 3) {  // blocks of up to 3 rows share each weight conversion
+        const int M = int(std::min<int64_t>(3, m - r0));
+        double abs_sum[3];
+        bool in_range = true;
+        for (int r = 0; r < M; ++r) {
+          const float* xr = x + (r0 + r) * K;
+          __m512 amax = _mm512_setzero_ps(), amin = _mm512_set1_ps(INFINITY), asum = _mm512_setzero_ps();
+          for (int64_t c = 0; c < nch; ++c) {
+            __m512 v[4];
+            for (int q = 0; q < 4; ++q) {
+              v[q] = _mm512_mul_ps(_mm512_loadu_ps(xr + c * 64 + q * 16), _mm512_set1_ps(e8[srow[(c * 64 + q * 16) / 32]]));
+              const __m512 av = _mm512_abs_ps(v[q]);
+              amax = _mm512_max_ps(amax, av);
+              amin = _mm512_mask_min_ps(amin, _mm512_cmpneq_ps_mask(av, _mm512_setzero_ps()), amin, av);
+              asum = _mm512_add_ps(asum, av);
+            }
+            const __m512i z0 = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]), z1 = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
+            uint16_t* d = xbf.data() + r * K + c * 64;
+            _mm512_storeu_si512(d, _mm512_shuffle_i64x2(z0, z1, 0x88));       // words 0-7, 16-23, 32-39, 48-55
+            _mm512_storeu_si512(d + 32, _mm512_shuffle_i64x2(z0, z1, 0xDD));  // words 8-15, 24-31, 40-47, 56-63
           }
-          const __m512i z0 = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]), z1 = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
-          uint16_t* d = xbf.data() + r * K + c * 64;
-          _mm512_storeu_si512(d, _mm512_shuffle_i64x2(z0, z1, 0x88));       // words 0-7, 16-23, 32-39, 48-55
-          _mm512_storeu_si512(d + 32, _mm512_shuffle_i64x2(z0, z1, 0xDD));  // words 8-15, 24-31, 40-47, 56-63
+          const float hi = _mm512_reduce_max_ps(amax), lo = _mm512_reduce_min_ps(amin);
+          in_range &= hi <= 0x1p100f && (lo == INFINITY || lo >= 0x1p-100f);
+          abs_sum[r] = double(_mm512_reduce_add_ps(asum));
         }
-        const float hi = _mm512_reduce_max_ps(amax), lo = _mm512_reduce_min_ps(amin);
-        in_range &= hi <= 0x1p100f && (lo == INFINITY || lo >= 0x1p-100f);
-        abs_sum[r] = double(_mm512_reduce_add_ps(asum));
-      }
-      int64_t x64_row = -1;  // which row x64 holds
-      for (int64_t n0 = n_begin; n0 < n_end; n0 += 2) {
-        // Two weight rows per pass; a lone last row (odd N) goes to the fp64 path.
-        const bool pair = n0 + 1 < n_end, fast = in_range && pair;
-        __m512 acc[2][3][2], track[2][3][2];
-        for (int i = 0; i < 2; ++i)
-          for (int r = 0; r < 3; ++r)
-            for (int h = 0; h < 2; ++h) acc[i][r][h] = track[i][r][h] = _mm512_setzero_ps();
-        if (fast) {
-          const uint8_t* wr = w.w + n0 * K;
-          if (m == 1) certified_dots<1>(wr, K, xbf.data(), lut, acc, track);
-          else if (m == 2) certified_dots<2>(wr, K, xbf.data(), lut, acc, track);
-          else certified_dots<3>(wr, K, xbf.data(), lut, acc, track);
-        }
-        for (int i = 0; i < (pair ? 2 : 1); ++i)
-          for (int64_t r = 0; r < m; ++r) {
-            const int64_t n = n0 + i;
-            if (fast) {
-              const __m512 a0 = acc[i][r][0], a1 = acc[i][r][1];
-              const double sum = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(a0), widen_sum(a1)));
-              const double mag = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(_mm512_abs_ps(a0)), widen_sum(_mm512_abs_ps(a1))));
-              const double tracked = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(track[i][r][0]), widen_sum(track[i][r][1])));
-              // 1.01: the fp32 sums of |A_i| and |x x scale| are themselves low by < K 2^-24 relative;
-              // 2^-45 mag: the fp64 reduction of the lanes and of sum +- bound.
-              const double bound = 0x1p-24 * 1.01 * (2 * tracked + 448 * abs_sum[r]) + 0x1p-45 * mag;
-              const float lo = round_bf16(float(sum - bound)), hi = round_bf16(float(sum + bound));
-              if (std::isfinite(sum) && f32_bits(lo) == f32_bits(hi)) {
-                y[r * N + n] = lo;
-                ++settled;
-                continue;
+        int64_t x64_row = -1;  // which row x64 holds
+        for (int64_t n0 = n_begin; n0 < n_end; n0 += 2) {
+          // Two weight rows per pass; a lone last row (odd N) goes to the fp64 path.
+          const bool pair = n0 + 1 < n_end, fast = in_range && pair;
+          __m512 acc[2][3][2], track[2][3][2];
+          for (int i = 0; i < 2; ++i)
+            for (int r = 0; r < 3; ++r)
+              for (int h = 0; h < 2; ++h) acc[i][r][h] = track[i][r][h] = _mm512_setzero_ps();
+          if (fast) {
+            const uint8_t* wr = w.w + n0 * K;
+            if (M == 1) certified_dots<1>(wr, K, xbf.data(), lut, acc, track);
+            else if (M == 2) certified_dots<2>(wr, K, xbf.data(), lut, acc, track);
+            else certified_dots<3>(wr, K, xbf.data(), lut, acc, track);
+          }
+          for (int i = 0; i < (pair ? 2 : 1); ++i)
+            for (int r = 0; r < M; ++r) {
+              const int64_t n = n0 + i, row = r0 + r;
+              if (fast) {
+                const __m512 a0 = acc[i][r][0], a1 = acc[i][r][1];
+                const double sum = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(a0), widen_sum(a1)));
+                const double mag = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(_mm512_abs_ps(a0)), widen_sum(_mm512_abs_ps(a1))));
+                const double tracked = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(track[i][r][0]), widen_sum(track[i][r][1])));
+                // 1.01: the fp32 sums of |A_i| and |x x scale| are themselves low by < K 2^-24 relative;
+                // 2^-45 mag: the fp64 reduction of the lanes and of sum +- bound.
+                const double bound = 0x1p-24 * 1.01 * (2 * tracked + 448 * abs_sum[r]) + 0x1p-45 * mag;
+                const float lo = round_bf16(float(sum - bound)), hi = round_bf16(float(sum + bound));
+                if (std::isfinite(sum) && f32_bits(lo) == f32_bits(hi)) {
+                  y[row * N + n] = lo;
+                  ++settled;
+                  continue;
+                }
               }
+              ++handed;
+              double sum;
+              if (many) {
+                if (!wd_ready) {
+                  for (int64_t i2 = 0; i2 < (n_end - n_begin) * K; i2 += 16) {
+                    const int64_t nr = i2 / K, k = i2 % K;
+                    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(w.w + (n_begin + nr) * K + k)),
+                                                                 _mm512_set1_ps(256.f)),
+                                                   _mm512_set1_ps(e8[srow[k / 32]]));
+                    _mm512_storeu_pd(wd.data() + i2, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
+                    _mm512_storeu_pd(wd.data() + i2 + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1)));
+                  }
+                  wd_ready = true;
+                }
+                const double* wn = wd.data() + (n - n_begin) * K;
+                dot4_f64(
+                    xd + row * K, K, 1,
+                    [&](int, int64_t k, __m512d& lo, __m512d& hi) { lo = _mm512_loadu_pd(wn + k), hi = _mm512_loadu_pd(wn + k + 8); },
+                    [&](int, int64_t k) { return wn[k]; }, &sum);
+              } else {
+                if (x64_row != row) {
+                  for (int64_t k = 0; k < K; k += 8)  // the fp64 path's x (exact products)
+                    _mm512_storeu_pd(x64.data() + k, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + row * K + k)),
+                                                                   _mm512_set1_pd(256.0 * e8[srow[k / 32]])));
+                  x64_row = row;
+                }
+                const uint8_t* wr = w.w + n * K;
+                dot4_f64(
+                    x64.data(), K, 1,
+                    [&](int, int64_t k, __m512d& lo, __m512d& hi) {
+                      const __m512 f = _mm512_cvtph_ps(e4m3x16_half(wr + k));
+                      lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+                      hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+                    },
+                    [&](int, int64_t k) { return double(e4m3_to_f32(wr[k])) * (1.0 / 256); }, &sum);
+              }
+              y[row * N + n] = round_bf16(float(sum));
             }
-            ++handed;
-            if (x64_row != r) {
-              for (int64_t k = 0; k < K; k += 8)  // the fp64 path's x (exact products)
-                _mm512_storeu_pd(x64.data() + k, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + r * K + k)),
-                                                               _mm512_set1_pd(256.0 * e8[srow[k / 32]])));
-              x64_row = r;
-            }
-            const uint8_t* wr = w.w + n * K;
-            double sum;
-            dot4_f64(
-                x64.data(), K, 1,
-                [&](int, int64_t k, __m512d& lo, __m512d& hi) {
-                  const __m512 f = _mm512_cvtph_ps(e4m3x16_half(wr + k));
-                  lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
-                  hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
-                },
-                [&](int, int64_t k) { return double(e4m3_to_f32(wr[k])) * (1.0 / 256); }, &sum);
-            y[r * N + n] = round_bf16(float(sum));
-          }
+        }
       }
     }
     detail::certified_outputs.fetch_add(settled, std::memory_order_relaxed);
