@@ -834,18 +834,6 @@ void linear_fp8_dequant_rows(const double* xd, int64_t m, const ref::Fp8Weight& 
   });
 }
 
-// wo_a at m < 4 when x holds bf16 values: vdpbf16ps with a certified error bound, exact fallback.
-// Per 32-row scale group, x x scale is still bf16 (a power of two times a bf16 value; the group
-// falls back when it would leave [2^-100, 2^100]), so every product is exact in fp32 and only the
-// fp32 additions round. Each vdpbf16ps step adds two products with at most two roundings (round to
-// nearest even, per the ISA), each off by <= 2^-24 of its result, so with A_i the accumulator after
-// step i:  |fp32 sum - exact sum| <= 2^-24 (2 sum_i |A_i| + sum |products|), where
-// sum |products| <= 448 sum |x x scale|.
-// The kernel tracks sum_i |A_i| beside each accumulator. When the interval (sum +- bound) maps to
-// one bf16 under the fp64 kernel's rounding (fp64 -> fp32 -> bf16, monotone), that bf16 is the fp64
-// kernel's result; otherwise (a few % of outputs) the output is recomputed by the
-// fp64 kernel itself (dot4_f64, one row). So the bits are those of the exact kernel, at the speed of
-// an fp32 one.
 // The 16 fp32 lanes of v as 8 fp64 pair sums (exact: each fp32 pair sum fits in fp64 unless the
 // exponents differ by more than 29; either way far below the bound's 2^-45 slack).
 inline __m512d widen_sum(__m512 v) {
@@ -877,6 +865,18 @@ inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, co
   }
 }
 
+// wo_a when x holds bf16 values: vdpbf16ps with a certified error bound, exact fallback.
+// Per 32-row scale group, x x scale is still bf16 (a power of two times a bf16 value; a block of
+// rows falls back when it would leave [2^-100, 2^100]), so every product is exact in fp32 and only the
+// fp32 additions round. Each vdpbf16ps step adds two products with at most two roundings (round to
+// nearest even, per the ISA), each off by <= 2^-24 of its result, so with A_i the accumulator after
+// step i:  |fp32 sum - exact sum| <= 2^-24 (2 sum_i |A_i| + sum |products|), where
+// sum |products| <= 448 sum |x x scale|.
+// The kernel tracks sum_i |A_i| beside each accumulator. When the interval (sum +- bound) maps to
+// one bf16 under the fp64 kernel's rounding (fp64 -> fp32 -> bf16, monotone), that bf16 is the fp64
+// kernel's result; otherwise (a few % of outputs) the output is recomputed with the fp64 kernels'
+// products and order (dot4_f64, one output). So the bits are those of the exact kernel, at the
+// speed of an fp32 one.
 bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
@@ -1016,6 +1016,8 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
 // E4M3 code's own bits as fp16, so the inner loop has no scale lookups or multiplies. Products and
 // sum order are unchanged. Weights with scales where e4m3 x scale overflows fp32 (codes 247-254,
 // never seen in checkpoints) take the rows path, which builds the reference's fp32 weight, inf included.
+// When x holds bf16 values (the model's case) the certified fp32 kernel above runs instead, with
+// the same bits.
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32;

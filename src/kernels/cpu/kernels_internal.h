@@ -24,7 +24,7 @@ const float* e8m0_table();
 // rarely changes a bf16 output). Never set outside tests.
 extern bool unrounded_quant_output;
 
-// The certified fp32 path of linear_fp8_dequant (AVX-512, m < 4, bf16-valued x): outputs it
+// The certified fp32 path of linear_fp8_dequant (AVX-512, bf16-valued x): outputs it
 // settled, and outputs it handed to the exact fp64 path (bound too wide). Tests set
 // exact_fp8_dequant_only to get the fp64 path's bits for comparison.
 extern bool exact_fp8_dequant_only;
