@@ -588,7 +588,9 @@ TEST(Kernels, IndexScores) {
     ref::index_scores(q.data(), w.data(), a.h, a.d, keys.data(), a.n, want.data());
     int positive = 0;
     for (int64_t u = 0; u < a.n; ++u) positive += want[size_t(u)] != 0.f;
-    if (a.n > 30) EXPECT_GT(positive, 0) << "relu left nothing: the test data is degenerate";
+    if (a.n > 30) {
+      EXPECT_GT(positive, 0) << "relu left nothing: the test data is degenerate";
+    }
     for (kern::Isa isa : isas()) {
       kern::set_isa(isa);
       std::vector<float> got(want.size(), -7.f);

@@ -549,7 +549,7 @@ void Model::block(int layer, Ctx& c) const {
   attention(layer, c, x, f);
   for (int s = 0; s < S; ++s)
     kern::hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
-              next + size_t(s) * hc * dim);
+                    next + size_t(s) * hc * dim);
   std::copy(next, next + n_stream, c.stream);
 
   // FFN: collapses with the attention's pre; its own pre goes to the next block.
@@ -561,7 +561,7 @@ void Model::block(int layer, Ctx& c) const {
   moe(layer, c, x, f);
   for (int s = 0; s < S; ++s)
     kern::hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
-              next + size_t(s) * hc * dim);
+                    next + size_t(s) * hc * dim);
   std::copy(next, next + n_stream, c.stream);
   std::copy(ffn_pre, ffn_pre + size_t(S) * hc, c.pre_mix);
 }
