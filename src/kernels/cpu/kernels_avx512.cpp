@@ -535,6 +535,14 @@ void widen_x(const float* x, int64_t K, double* xd) {
   for (int64_t k = 0; k < K; ++k) xd[k] = x[k];
 }
 
+// x widened to fp64 in this thread's buffer (valid until its next use on the thread).
+const double* widened_x(const float* x, int64_t n) {
+  thread_local std::vector<double> xs;
+  if (int64_t(xs.size()) < n) xs.resize(size_t(n));
+  widen_x(x, n, xs.data());
+  return xs.data();
+}
+
 // Widened x for the bf16 kernel: per 16 K, x[k + 2d] for d = 0..7, then x[k + 2d + 1].
 void widen_x_bf16(const float* x, int64_t K, double* xd) {
   int64_t k = 0;
@@ -751,6 +759,40 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
       [](float v) { return v; }, y, pool);
 }
 
+// One FP8 weight row dequantized to fp64: e4m3 x block scale, the reference's fp32 weight (exact).
+inline void dequant_row_f64(const uint8_t* wr, int64_t K, const uint8_t* srow, const float* e8, double* out) {
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(wr + k)), _mm512_set1_ps(256.f)),
+                                   _mm512_set1_ps(e8[srow[k / 32]]));
+    _mm512_storeu_pd(out + k, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
+    _mm512_storeu_pd(out + k + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1)));
+  }
+  for (; k < K; ++k) out[k] = double(e4m3_to_f32(wr[k]) * e8[srow[k / 32]]);
+}
+
+// x x 256 x block scale in fp64 (a power of two times x: exact). With weights taken as e4m3 x 2^-8
+// (dot_e4m3_f64) the products are exactly x x (e4m3 x scale), with no scale in the inner loop.
+inline void scale_x_f64(const float* x, int64_t K, const uint8_t* srow, const float* e8, double* out) {
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8)
+    _mm512_storeu_pd(out + k, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), _mm512_set1_pd(256.0 * e8[srow[k / 32]])));
+  for (; k < K; ++k) out[k] = double(x[k]) * (256.0 * e8[srow[k / 32]]);
+}
+
+// sums[i] = xg . (e4m3 x 2^-8 of weight row i at w0 + i K), `rows` <= kRows64 rows, dot4_f64's order.
+inline void dot_e4m3_f64(const double* xg, const uint8_t* w0, int64_t K, int rows, double* sums) {
+  dot4_f64(
+      xg, K, rows,
+      [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
+        _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
+        const __m512 f = _mm512_cvtph_ps(e4m3x16_half(w0 + i * K + k));
+        lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+        hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+      },
+      [&](int i, int64_t k) { return double(e4m3_to_f32(w0[i * K + k])) * (1.0 / 256); }, sums);
+}
+
 // Several rows (prefill, batched decode): each 32-row weight group is dequantized once to fp64
 // (e4m3 x scale, the reference's exact fp32 weight) and reused by all rows, two rows and four
 // weight rows per pass. Per output the lanes, chunks and tail are summed exactly as in dot4_f64.
@@ -765,18 +807,7 @@ void linear_fp8_dequant_rows(const double* xd, int64_t m, const ref::Fp8Weight& 
     for (int64_t grp = g0; grp < g1; ++grp) {
       const int64_t n_begin = grp * 32, n_rows = std::min<int64_t>(32, N - n_begin);
       const uint8_t* srow = w.scale + grp * nkb;
-      for (int64_t i = 0; i < n_rows; ++i) {
-        const uint8_t* wr = w.w + (n_begin + i) * K;
-        double* out = wd + i * K;
-        int64_t k = 0;
-        for (; k < K16; k += 16) {
-          const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(wr + k)), _mm512_set1_ps(256.f)),
-                                         _mm512_set1_ps(e8[srow[k / 32]]));
-          _mm512_storeu_pd(out + k, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
-          _mm512_storeu_pd(out + k + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1)));
-        }
-        for (; k < K; ++k) out[k] = double(e4m3_to_f32(wr[k]) * e8[srow[k / 32]]);
-      }
+      for (int64_t i = 0; i < n_rows; ++i) dequant_row_f64(w.w + (n_begin + i) * K, K, srow, e8, wd + i * K);
       // K in chunks whose group slice (32 rows x kChunk doubles) stays in L1 while every row pair
       // passes over it; the accumulators wait in memory between chunks (same FMA sequence).
       constexpr int64_t kChunk = 128;
@@ -888,12 +919,7 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
   // codes; for more rows the group's weights are dequantized to fp64 once (on its first hand-over)
   // and shared by all its handed-over outputs.
   const bool many = m >= 4;
-  thread_local std::vector<double> xs;
-  if (many) {
-    if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
-    widen_x(x, m * K, xs.data());
-  }
-  const double* xd = xs.data();
+  const double* xd = many ? widened_x(x, m * K) : nullptr;
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     int64_t settled = 0, handed = 0;
     thread_local std::vector<uint16_t> xbf;  // [3][K] x x scale as bf16, in cvt_pair_fp8's word order
@@ -967,14 +993,7 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
               double sum;
               if (many) {
                 if (!wd_ready) {
-                  for (int64_t i2 = 0; i2 < (n_end - n_begin) * K; i2 += 16) {
-                    const int64_t nr = i2 / K, k = i2 % K;
-                    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(w.w + (n_begin + nr) * K + k)),
-                                                                 _mm512_set1_ps(256.f)),
-                                                   _mm512_set1_ps(e8[srow[k / 32]]));
-                    _mm512_storeu_pd(wd.data() + i2, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
-                    _mm512_storeu_pd(wd.data() + i2 + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1)));
-                  }
+                  for (int64_t nr = 0; nr < n_end - n_begin; ++nr) dequant_row_f64(w.w + (n_begin + nr) * K, K, srow, e8, wd.data() + nr * K);
                   wd_ready = true;
                 }
                 const double* wn = wd.data() + (n - n_begin) * K;
@@ -983,21 +1002,8 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
                     [&](int, int64_t k, __m512d& lo, __m512d& hi) { lo = _mm512_loadu_pd(wn + k), hi = _mm512_loadu_pd(wn + k + 8); },
                     [&](int, int64_t k) { return wn[k]; }, &sum);
               } else {
-                if (x64_row != row) {
-                  for (int64_t k = 0; k < K; k += 8)  // the fp64 path's x (exact products)
-                    _mm512_storeu_pd(x64.data() + k, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + row * K + k)),
-                                                                   _mm512_set1_pd(256.0 * e8[srow[k / 32]])));
-                  x64_row = row;
-                }
-                const uint8_t* wr = w.w + n * K;
-                dot4_f64(
-                    x64.data(), K, 1,
-                    [&](int, int64_t k, __m512d& lo, __m512d& hi) {
-                      const __m512 f = _mm512_cvtph_ps(e4m3x16_half(wr + k));
-                      lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
-                      hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
-                    },
-                    [&](int, int64_t k) { return double(e4m3_to_f32(wr[k])) * (1.0 / 256); }, &sum);
+                if (x64_row != row) scale_x_f64(x + row * K, K, srow, e8, x64.data()), x64_row = row;
+                dot_e4m3_f64(x64.data(), w.w + n * K, K, 1, &sum);
               }
               y[row * N + n] = round_bf16(float(sum));
             }
@@ -1024,11 +1030,7 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
   bool fp32_overflow = false;  // scale codes 247-254: e4m3 x scale can exceed the fp32 range
   for (int64_t i = 0; i < ((N + 31) / 32) * nkb; ++i) fp32_overflow |= w.scale[i] >= 247 && w.scale[i] != 255;
   if (!fp32_overflow && fp8_dequant_certified(x, m, w, y, pool)) return;
-  thread_local std::vector<double> xs;
-  if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
-  double* xd = xs.data();
-  widen_x(x, m * K, xd);
-  if (m >= 4 || fp32_overflow) return linear_fp8_dequant_rows(xd, m, w, y, pool);
+  if (m >= 4 || fp32_overflow) return linear_fp8_dequant_rows(widened_x(x, m * K), m, w, y, pool);
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     thread_local std::vector<double> scaled_x;
     if (int64_t(scaled_x.size()) < K) scaled_x.resize(size_t(K));
@@ -1037,19 +1039,10 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
     for (int64_t grp = g0; grp < g1; ++grp) {
       const uint8_t* srow = w.scale + grp * nkb;
       for (int64_t r = 0; r < m; ++r) {
-        for (int64_t k = 0; k < K; ++k) xg[k] = xd[r * K + k] * (256.0 * e8[srow[k / 32]]);
+        scale_x_f64(x + r * K, K, srow, e8, xg);
         for (int64_t n0 = grp * 32; n0 < std::min(N, grp * 32 + 32); n0 += kRows64) {
           const int rows = int(std::min<int64_t>(kRows64, N - n0));
-          const uint8_t* w0 = w.w + n0 * K;
-          dot4_f64(
-              xg, K, rows,
-              [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
-                _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
-                const __m512 f = _mm512_cvtph_ps(e4m3x16_half(w0 + i * K + k));
-                lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
-                hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
-              },
-              [&](int i, int64_t k) { return double(e4m3_to_f32(w0[i * K + k])) * (1.0 / 256); }, sums);
+          dot_e4m3_f64(xg, w.w + n0 * K, K, rows, sums);
           for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = round_bf16(float(sums[i]));
         }
       }
