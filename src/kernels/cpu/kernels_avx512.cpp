@@ -871,22 +871,31 @@ inline __m512d widen_sum(__m512 v) {
   return _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
 }
 
-// Two weight rows against M rows of x x scale: the fp32 dot products and, beside each accumulator,
-// the running sum of its magnitudes after every step (compile-time M keeps all of it in registers;
-// two weight rows give independent chains to hide the vdpbf16ps latency).
-template <int M>
-inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, const Fp8Lut& lut, __m512 (&acc)[2][3][2],
-                           __m512 (&track)[2][3][2]) {
+// NR weight rows against M rows of x x scale: the fp32 dot products and, beside each accumulator,
+// the running sum of its magnitudes after every step. Compile-time M and NR, fully unrolled, keep
+// all of it in registers (arrays indexed at run time were spilled to the stack); several weight
+// rows give independent chains and memory streams.
+template <int M, int NR>
+inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, const Fp8Lut& lut, __m512 (&acc_out)[4][3][2],
+                           __m512 (&track_out)[4][3][2]) {
+  __m512 acc[NR][M][2], track[NR][M][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; ++i)
+#pragma GCC unroll 3
+    for (int r = 0; r < M; ++r) acc[i][r][0] = acc[i][r][1] = track[i][r][0] = track[i][r][1] = _mm512_setzero_ps();
   for (int64_t c = 0; c < K / 64; ++c) {
-    __m512i w[2][2];
-    for (int i = 0; i < 2; ++i) {
+    __m512i w[NR][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
       _mm_prefetch(reinterpret_cast<const char*>(wr + i * K + c * 64 + kPrefetchBytes), _MM_HINT_T0);
       cvt_pair_fp8(wr + i * K + c * 64, lut, w[i][0], w[i][1]);
     }
+#pragma GCC unroll 3
     for (int r = 0; r < M; ++r) {
       const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xbf + r * K + c * 64);
       const __m512bh x1 = (__m512bh)_mm512_loadu_si512(xbf + r * K + c * 64 + 32);
-      for (int i = 0; i < 2; ++i) {
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) {
         acc[i][r][0] = _mm512_dpbf16_ps(acc[i][r][0], (__m512bh)w[i][0], x0);
         acc[i][r][1] = _mm512_dpbf16_ps(acc[i][r][1], (__m512bh)w[i][1], x1);
         track[i][r][0] = _mm512_add_ps(track[i][r][0], _mm512_abs_ps(acc[i][r][0]));
@@ -894,6 +903,11 @@ inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, co
       }
     }
   }
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; ++i)
+#pragma GCC unroll 3
+    for (int r = 0; r < M; ++r)
+      for (int h = 0; h < 2; ++h) acc_out[i][r][h] = acc[i][r][h], track_out[i][r][h] = track[i][r][h];
 }
 
 // wo_a when x holds bf16 values: vdpbf16ps with a certified error bound, exact fallback.
@@ -915,18 +929,19 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
   if (K % 64 != 0 || detail::exact_fp8_dequant_only) return false;
   for (int64_t i = 0; i < m * K; ++i)
     if (f32_bits(x[i]) & 0xffff) return false;  // not bf16 values: the fp64 path
-  // Exact fallback, same products and order as the fp64 kernels: at m < 4 per output from the E4M3
-  // codes; for more rows the group's weights are dequantized to fp64 once (on its first hand-over)
-  // and shared by all its handed-over outputs.
-  const bool many = m >= 4;
+  // Exact fallback, same products and order as the fp64 kernels: for few rows per output from the
+  // E4M3 codes against the row's x x scale in fp64 (made on the row's first hand-over in its block);
+  // for many rows the group's weights are dequantized to fp64 once (on its first hand-over) and
+  // shared by all its handed-over outputs (~3 % hand-overs x 32 rows make that pay from m ~ 32).
+  const bool many = m >= 32;
   const double* xd = many ? widened_x(x, m * K) : nullptr;
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     int64_t settled = 0, handed = 0;
     thread_local std::vector<uint16_t> xbf;  // [3][K] x x scale as bf16, in cvt_pair_fp8's word order
-    thread_local std::vector<double> x64;    // [K] x x 256 x scale in fp64 (m < 4 fallback)
-    thread_local std::vector<double> wd;     // [32][K] e4m3 x scale in fp64 (m >= 4 fallback)
+    thread_local std::vector<double> x64;    // [3][K] x x 256 x scale in fp64 (few-rows fallback)
+    thread_local std::vector<double> wd;     // [32][K] e4m3 x scale in fp64 (many-rows fallback)
     if (int64_t(xbf.size()) < 3 * K) xbf.resize(size_t(3 * K));
-    if (int64_t(x64.size()) < K) x64.resize(size_t(K));
+    if (int64_t(x64.size()) < 3 * K) x64.resize(size_t(3 * K));
     if (many && int64_t(wd.size()) < 32 * K) wd.resize(size_t(32 * K));
     for (int64_t grp = g0; grp < g1; ++grp) {
       const uint8_t* srow = w.scale + grp * nkb;
@@ -957,21 +972,23 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
           in_range &= hi <= 0x1p100f && (lo == INFINITY || lo >= 0x1p-100f);
           abs_sum[r] = double(_mm512_reduce_add_ps(asum));
         }
-        int64_t x64_row = -1;  // which row x64 holds
-        for (int64_t n0 = n_begin; n0 < n_end; n0 += 2) {
-          // Two weight rows per pass; a lone last row (odd N) goes to the fp64 path.
-          const bool pair = n0 + 1 < n_end, fast = in_range && pair;
-          __m512 acc[2][3][2], track[2][3][2];
-          for (int i = 0; i < 2; ++i)
-            for (int r = 0; r < 3; ++r)
-              for (int h = 0; h < 2; ++h) acc[i][r][h] = track[i][r][h] = _mm512_setzero_ps();
+        bool x64_ready[3] = {false, false, false};
+        // Four weight rows per pass for one x row, two for more (registers); a last lone row (odd N)
+        // and blocks out of range go to the fp64 path.
+        for (int64_t n0 = n_begin, cover; n0 < n_end; n0 += cover) {
+          const int64_t left = n_end - n0;
+          const bool fast = in_range && left >= 2;
+          __m512 acc[4][3][2], track[4][3][2];
+          cover = left;
           if (fast) {
             const uint8_t* wr = w.w + n0 * K;
-            if (M == 1) certified_dots<1>(wr, K, xbf.data(), lut, acc, track);
-            else if (M == 2) certified_dots<2>(wr, K, xbf.data(), lut, acc, track);
-            else certified_dots<3>(wr, K, xbf.data(), lut, acc, track);
+            cover = M == 1 && left >= 4 ? 4 : 2;
+            if (cover == 4) certified_dots<1, 4>(wr, K, xbf.data(), lut, acc, track);
+            else if (M == 1) certified_dots<1, 2>(wr, K, xbf.data(), lut, acc, track);
+            else if (M == 2) certified_dots<2, 2>(wr, K, xbf.data(), lut, acc, track);
+            else certified_dots<3, 2>(wr, K, xbf.data(), lut, acc, track);
           }
-          for (int i = 0; i < (pair ? 2 : 1); ++i)
+          for (int i = 0; i < cover; ++i)
             for (int r = 0; r < M; ++r) {
               const int64_t n = n0 + i, row = r0 + r;
               if (fast) {
@@ -1002,8 +1019,9 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
                     [&](int, int64_t k, __m512d& lo, __m512d& hi) { lo = _mm512_loadu_pd(wn + k), hi = _mm512_loadu_pd(wn + k + 8); },
                     [&](int, int64_t k) { return wn[k]; }, &sum);
               } else {
-                if (x64_row != row) scale_x_f64(x + row * K, K, srow, e8, x64.data()), x64_row = row;
-                dot_e4m3_f64(x64.data(), w.w + n * K, K, 1, &sum);
+                double* xs = x64.data() + r * K;
+                if (!x64_ready[r]) scale_x_f64(x + row * K, K, srow, e8, xs), x64_ready[r] = true;
+                dot_e4m3_f64(xs, w.w + n * K, K, 1, &sum);
               }
               y[row * N + n] = round_bf16(float(sum));
             }
