@@ -1133,14 +1133,50 @@ void index_scores(const float* q, const float* w, int n_heads, int d, const floa
   }
 }
 
+// P.V of HB heads over the live rows of a chunk: part[h][i] = sum_j pb[h][j] kv_j[i], each output
+// summed in row order in fp64 (the reference's bits; the products are exact), 32 outputs x HB heads
+// per pass held in registers, each widened kv vector shared by the HB heads.
+template <int HB>
+inline void pv_heads(const double* pb, int64_t pb_stride, const float* const* rows, int live, int d, double* part) {
+  int e = 0;
+  for (; e + 32 <= d; e += 32) {
+    __m512d a[HB][4];
+#pragma GCC unroll 4
+    for (int hh = 0; hh < HB; ++hh)
+      for (int z = 0; z < 4; ++z) a[hh][z] = _mm512_setzero_pd();
+    for (int j = 0; j < live; ++j) {
+      __m512d v[4];
+#pragma GCC unroll 4
+      for (int z = 0; z < 4; ++z) v[z] = _mm512_cvtps_pd(_mm256_loadu_ps(rows[j] + e + 8 * z));
+#pragma GCC unroll 4
+      for (int hh = 0; hh < HB; ++hh) {
+        const __m512d p = _mm512_set1_pd(pb[hh * pb_stride + j]);
+#pragma GCC unroll 4
+        for (int z = 0; z < 4; ++z) a[hh][z] = _mm512_fmadd_pd(p, v[z], a[hh][z]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int hh = 0; hh < HB; ++hh)
+      for (int z = 0; z < 4; ++z) _mm512_storeu_pd(part + int64_t(hh) * d + e + 8 * z, a[hh][z]);
+  }
+  for (; e < d; ++e)
+    for (int hh = 0; hh < HB; ++hh) {
+      double s = 0;
+      for (int j = 0; j < live; ++j) s += pb[hh * pb_stride + j] * rows[j][e];
+      part[int64_t(hh) * d + e] = s;
+    }
+}
+
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;
   const int H = n_heads;
-  thread_local std::vector<double> kvT, part, qd;
-  thread_local std::vector<float> score, acc, zero_row, running_max, denom;
+  thread_local std::vector<double> kvT, part, qd, pb;
+  thread_local std::vector<float> score, acc, zero_row, running_max, denom, rescale;
   if (kvT.size() < size_t(d) * 8) kvT.resize(size_t(d) * 8);
-  if (part.size() < size_t(d)) part.resize(size_t(d));
+  if (part.size() < size_t(H) * d) part.resize(size_t(H) * d);
+  if (pb.size() < size_t(H) * kChunk) pb.resize(size_t(H) * kChunk);
+  if (rescale.size() < size_t(H)) rescale.resize(size_t(H));
   if (score.size() < size_t(H) * kChunk) score.resize(size_t(H) * kChunk);
   if (acc.size() < size_t(H) * d) acc.resize(size_t(H) * d);
   if (zero_row.size() < size_t(d)) zero_row.assign(size_t(d), 0.f);
@@ -1161,13 +1197,18 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       // The 8 rows transposed into kt[i][row] in fp64, 8 x 8 floats per in-register transpose.
       int i = 0;
       for (; i + 8 <= d; i += 8) {
+        // Fully unrolled: loops over these arrays left them on the stack (the transpose went through memory).
         __m256 r[8], t[8], u[8];
+#pragma GCC unroll 8
         for (int l = 0; l < 8; ++l) r[l] = _mm256_loadu_ps(rw[l] + i);
+#pragma GCC unroll 4
         for (int l = 0; l < 8; l += 2) t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]), t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+#pragma GCC unroll 2
         for (int l = 0; l < 8; l += 4) {
           u[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44), u[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
           u[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44), u[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
         }
+#pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
           _mm512_storeu_pd(kt + int64_t(i + c) * 8, _mm512_cvtps_pd(_mm256_permute2f128_ps(u[c], u[c + 4], 0x20)));
           _mm512_storeu_pd(kt + int64_t(i + c + 4) * 8, _mm512_cvtps_pd(_mm256_permute2f128_ps(u[c], u[c + 4], 0x31)));
@@ -1201,59 +1242,44 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
         }
       }
     }
+    // Probabilities of every head first (libm expf and the per-head fp64 psum of the reference),
+    // then P.V for blocks of heads, so each widened kv vector feeds several heads.
+    const float* rows[kChunk];
+    int live = 0;
+    for (int64_t j = c0; j < c1; ++j)
+      if (kv_rows[j]) rows[live++] = kv_rows[j];
     for (int h = 0; h < H; ++h) {
       const float* sc = score.data() + size_t(h) * kChunk;
       float chunk_max = -INFINITY;
       for (int64_t j = 0; j < c1 - c0; ++j) chunk_max = std::max(chunk_max, sc[j]);
       const float new_max = std::max(running_max[size_t(h)], chunk_max);
-      const float rescale = std::exp(running_max[size_t(h)] - new_max);
+      rescale[size_t(h)] = std::exp(running_max[size_t(h)] - new_max);
       double psum = 0;
-      double* pt = part.data();
-      // Probabilities first, then P.V with 64 outputs per pass held in registers; each output
-      // still sums its rows in list order, so the bits are the reference's.
-      double pb[kChunk];
-      const float* rows[kChunk];
-      int live = 0;
+      double* pbh = pb.data() + size_t(h) * kChunk;
+      int l = 0;
       for (int64_t j = c0; j < c1; ++j) {
         const float p = std::exp(sc[j - c0] - new_max);
         psum += p;
-        if (!kv_rows[j]) continue;
-        pb[live] = double(round_bf16(p));
-        rows[live++] = kv_rows[j];
+        if (kv_rows[j]) pbh[l++] = double(round_bf16(p));
       }
-      int e = 0;
-      for (; e + 64 <= d; e += 64) {
-        __m512d acc8[8];
-        for (int z = 0; z < 8; ++z) acc8[z] = _mm512_setzero_pd();
-        for (int j = 0; j < live; ++j) {
-          const __m512d p8 = _mm512_set1_pd(pb[j]);
-#pragma GCC unroll 8
-          for (int z = 0; z < 8; ++z)
-            acc8[z] = _mm512_fmadd_pd(p8, _mm512_cvtps_pd(_mm256_loadu_ps(rows[j] + e + 8 * z)), acc8[z]);
-        }
-        for (int z = 0; z < 8; ++z) _mm512_storeu_pd(pt + e + 8 * z, acc8[z]);
-      }
-      for (; e + 8 <= d; e += 8) {
-        __m512d acc1 = _mm512_setzero_pd();
-        for (int j = 0; j < live; ++j)
-          acc1 = _mm512_fmadd_pd(_mm512_set1_pd(pb[j]), _mm512_cvtps_pd(_mm256_loadu_ps(rows[j] + e)), acc1);
-        _mm512_storeu_pd(pt + e, acc1);
-      }
-      for (; e < d; ++e) {
-        pt[e] = 0;
-        for (int j = 0; j < live; ++j) pt[e] += pb[j] * rows[j][e];
-      }
-      denom[size_t(h)] = denom[size_t(h)] * rescale + float(psum);
+      denom[size_t(h)] = denom[size_t(h)] * rescale[size_t(h)] + float(psum);
+      running_max[size_t(h)] = new_max;
+    }
+    int h = 0;
+    for (; h + 4 <= H; h += 4) pv_heads<4>(pb.data() + size_t(h) * kChunk, kChunk, rows, live, d, part.data() + size_t(h) * d);
+    for (; h < H; ++h) pv_heads<1>(pb.data() + size_t(h) * kChunk, kChunk, rows, live, d, part.data() + size_t(h) * d);
+    for (h = 0; h < H; ++h) {
+      const double* pt = part.data() + size_t(h) * d;
       float* ah = acc.data() + size_t(h) * d;
-      const __m512 rs = _mm512_set1_ps(rescale);
+      const float rsc = rescale[size_t(h)];
+      const __m512 rs = _mm512_set1_ps(rsc);
       int i = 0;
       for (; i + 16 <= d; i += 16) {
         const __m512 pf = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_loadu_pd(pt + i))),
                                              _mm512_cvtpd_ps(_mm512_loadu_pd(pt + i + 8)), 1);
         _mm512_storeu_ps(ah + i, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(ah + i), rs), pf));
       }
-      for (; i < d; ++i) ah[i] = ah[i] * rescale + float(pt[i]);
-      running_max[size_t(h)] = new_max;
+      for (; i < d; ++i) ah[i] = ah[i] * rsc + float(pt[i]);
     }
   }
   for (int h = 0; h < H; ++h) {
