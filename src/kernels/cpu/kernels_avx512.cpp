@@ -297,38 +297,53 @@ template <int R, int P>
 inline void micro(const uint16_t* xq, int64_t ldx, const float* sa, int64_t lds, const uint32_t* panel,
                   int64_t pstride, const float* sw, int64_t sstride, int nb, float* T) {
   __m512 t[R][P][2];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int q = 0; q < P; ++q)
+#pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) t[r][q][h] = _mm512_loadu_ps(T + (r * P + q) * kPanel + h * 16);
   for (int b = 0; b < nb; ++b) {
     __m512 acc[R][P][2];
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
       for (int q = 0; q < P; ++q) acc[r][q][0] = acc[r][q][1] = _mm512_setzero_ps();
     const uint16_t* xb = xq + b * 32;
     for (int j = 0; j < 16; ++j) {
       __m512bh w[P][2];
+#pragma GCC unroll 16
       for (int q = 0; q < P; ++q) {
         const uint32_t* pw = panel + q * pstride + (b * 16 + j) * kPanel;
         w[q][0] = (__m512bh)_mm512_loadu_si512(pw);
         w[q][1] = (__m512bh)_mm512_loadu_si512(pw + 16);
       }
+#pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const __m512bh xv = bcast_pair(xb + r * ldx + 2 * j);
+#pragma GCC unroll 16
         for (int q = 0; q < P; ++q)
+#pragma GCC unroll 16
           for (int h = 0; h < 2; ++h) acc[r][q][h] = _mm512_dpbf16_ps(acc[r][q][h], w[q][h], xv);
       }
     }
+#pragma GCC unroll 16
     for (int q = 0; q < P; ++q)
+#pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) {
         const __m512 s = _mm512_loadu_ps(sw + q * sstride + b * kPanel + h * 16);
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           const __m512 a = _mm512_set1_ps(sa[r * lds + b]);
           t[r][q][h] = _mm512_add_ps(t[r][q][h], _mm512_mul_ps(_mm512_mul_ps(acc[r][q][h], a), s));
         }
       }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int q = 0; q < P; ++q)
+#pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) _mm512_storeu_ps(T + (r * P + q) * kPanel + h * 16, t[r][q][h]);
 }
 
@@ -463,15 +478,19 @@ template <int P, class Cvt, class Scale>
 void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64_t first, const uint8_t* packed,
                int64_t panel_bytes, int64_t pair_bytes, Cvt& cvt, Scale& scale, float* y) {
   const uint8_t* base[P];
+#pragma GCC unroll 16
   for (int q = 0; q < P; ++q) base[q] = packed + (first + q) * panel_bytes;
   __m512 t[P][2];
+#pragma GCC unroll 16
   for (int q = 0; q < P; ++q) t[q][0] = t[q][1] = _mm512_setzero_ps();
   for (int64_t kb = 0; kb < nkb; ++kb) {
     __m512 acc[P][2];
+#pragma GCC unroll 16
     for (int q = 0; q < P; ++q) acc[q][0] = acc[q][1] = _mm512_setzero_ps();
     const uint16_t* xb = xq + kb * 32;
     for (int j = 0; j < 16; ++j) {
       const __m512bh xv = bcast_pair(xb + 2 * j);
+#pragma GCC unroll 16
       for (int q = 0; q < P; ++q) {
         __m512i w0, w1;
         _mm_prefetch(reinterpret_cast<const char*>(base[q] + (kb * 16 + j) * pair_bytes + kPrefetchBytes), _MM_HINT_T0);
@@ -481,6 +500,7 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
       }
     }
     const __m512 a = _mm512_set1_ps(sa[kb]);
+#pragma GCC unroll 16
     for (int q = 0; q < P; ++q) {
       __m512 s0, s1;
       scale(first + q, kb, s0, s1);
@@ -488,6 +508,7 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
       t[q][1] = _mm512_add_ps(t[q][1], _mm512_mul_ps(_mm512_mul_ps(acc[q][1], a), s1));
     }
   }
+#pragma GCC unroll 16
   for (int q = 0; q < P; ++q) {
     const int64_t n0 = (first + q) * kPanel;
     store_panel(y + n0, int(std::min<int64_t>(kPanel, N - n0)), t[q][0], t[q][1]);
@@ -556,10 +577,12 @@ void widen_x_bf16(const float* x, int64_t K, double* xd) {
 template <class W16, class W1>
 inline void dot4_f64(const double* xd, int64_t K, int rows, W16&& wv, W1&& w1, double* sums) {
   __m512d a[kRows64][2];
+#pragma GCC unroll 16
   for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm512_setzero_pd();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     const __m512d x0 = _mm512_loadu_pd(xd + k), x1 = _mm512_loadu_pd(xd + k + 8);
+#pragma GCC unroll 16
     for (int i = 0; i < kRows64; ++i) {
       if (i >= rows) break;
       __m512d w0, w1v;
@@ -723,14 +746,17 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
       const int64_t n0 = t * R;
       const int rows = int(std::min<int64_t>(R, N - n0));
       const uint16_t* wr[R];
+#pragma GCC unroll 16
       for (int i = 0; i < R; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
       for (int64_t r = 0; r < m; ++r) {
         const uint16_t* xr = xb + r * nc * 32;
         __m512 acc[R];
+#pragma GCC unroll 16
         for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
         for (int64_t c = 0; c < nc; ++c) {
           const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + c * 32);
           const __mmask32 mask = c + 1 < nc ? ~__mmask32(0) : tail;
+#pragma GCC unroll 16
           for (int i = 0; i < R; ++i) {
             if (r == 0) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + R * K + c * 32), _MM_HINT_T0);  // the next tile
             acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[i] + c * 32), xv);
