@@ -725,6 +725,37 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
 // head bound by memory. The order is fixed by K alone (16 lanes, chunks of 32 in K order, one
 // reduction tree), so results do not depend on m, the tile or the thread split. Rows whose x is
 // not bf16-exact (not the head's contract) take the exact fp64 path.
+// R weight rows of the head against M bf16 x rows (each weight vector loaded once for all M),
+// fp32 accumulation per (row, weight row); out[r][i].
+template <int R, int M, bool kPrefetch>
+inline void logits_tile(const uint16_t* xr, int64_t ldx, const uint16_t* const* wr, int64_t K, int64_t nc, __mmask32 tail,
+                        __m512 (&out)[6][R]) {
+  __m512 acc[M][R];
+#pragma GCC unroll 8
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) acc[r][i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < nc; ++c) {
+    const __mmask32 mask = c + 1 < nc ? ~__mmask32(0) : tail;
+    __m512bh wv[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + R * K + c * 32), _MM_HINT_T0);  // the next tile
+      wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[i] + c * 32);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + r * ldx + c * 32);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], wv[i], xv);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) out[r][i] = acc[r][i];
+}
+
 void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool) {
   const int64_t K = w.in, N = w.out, nc = (K + 31) / 32;
   thread_local std::vector<uint16_t> xs;
@@ -748,21 +779,34 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
       const uint16_t* wr[R];
 #pragma GCC unroll 16
       for (int i = 0; i < R; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
-      for (int64_t r = 0; r < m; ++r) {
-        const uint16_t* xr = xb + r * nc * 32;
-        __m512 acc[R];
-#pragma GCC unroll 16
-        for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < nc; ++c) {
-          const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + c * 32);
-          const __mmask32 mask = c + 1 < nc ? ~__mmask32(0) : tail;
-#pragma GCC unroll 16
-          for (int i = 0; i < R; ++i) {
-            if (r == 0) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + R * K + c * 32), _MM_HINT_T0);  // the next tile
-            acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[i] + c * 32), xv);
+      // Blocks of up to 6 x rows share each weight load; the first block prefetches the next tile
+      // (a compile-time flag: with a branch inside the loop GCC kept the accumulators on the stack).
+      for (int64_t r0 = 0; r0 < m; r0 += 6) {
+        const int M = int(std::min<int64_t>(6, m - r0));
+        const uint16_t* xr = xb + r0 * nc * 32;
+        const int64_t ldx = nc * 32;
+        __m512 acc[6][R];
+        if (r0 == 0) {
+          switch (M) {
+            case 1: logits_tile<R, 1, true>(xr, ldx, wr, K, nc, tail, acc); break;
+            case 2: logits_tile<R, 2, true>(xr, ldx, wr, K, nc, tail, acc); break;
+            case 3: logits_tile<R, 3, true>(xr, ldx, wr, K, nc, tail, acc); break;
+            case 4: logits_tile<R, 4, true>(xr, ldx, wr, K, nc, tail, acc); break;
+            case 5: logits_tile<R, 5, true>(xr, ldx, wr, K, nc, tail, acc); break;
+            default: logits_tile<R, 6, true>(xr, ldx, wr, K, nc, tail, acc); break;
+          }
+        } else {
+          switch (M) {
+            case 1: logits_tile<R, 1, false>(xr, ldx, wr, K, nc, tail, acc); break;
+            case 2: logits_tile<R, 2, false>(xr, ldx, wr, K, nc, tail, acc); break;
+            case 3: logits_tile<R, 3, false>(xr, ldx, wr, K, nc, tail, acc); break;
+            case 4: logits_tile<R, 4, false>(xr, ldx, wr, K, nc, tail, acc); break;
+            case 5: logits_tile<R, 5, false>(xr, ldx, wr, K, nc, tail, acc); break;
+            default: logits_tile<R, 6, false>(xr, ldx, wr, K, nc, tail, acc); break;
           }
         }
-        for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = _mm512_reduce_add_ps(acc[i]);
+        for (int r = 0; r < M; ++r)
+          for (int i = 0; i < rows; ++i) y[(r0 + r) * N + n0 + i] = _mm512_reduce_add_ps(acc[r][i]);
       }
     }
   });
