@@ -121,7 +121,7 @@ struct Shape {
 };
 const Shape kShapes[] = {{1, 1, 32},   {1, 33, 64},  {2, 31, 96},  {3, 64, 160}, {7, 100, 320},
                          {1, 130, 256}, {64, 47, 128}, {129, 65, 96}, {8, 257, 512}, {5, 32, 1024},
-                         {1, 16, 1024}, {2, 5, 2048}, {1, 200, 2048}};
+                         {1, 16, 1024}, {2, 5, 2048}, {1, 200, 2048}, {2, 100, 256}, {3, 161, 128}};
 
 template <class Make, class RefFn, class KernFn, class AccFn>
 void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn, AccFn acc_fn) {

@@ -460,7 +460,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales
   quantize_rows(x, m, K, act, pool);
   const uint16_t* xq = act.xq.data();
   const float* sa = act.sa.data();
-  if (m == 1 && fused(xq, sa)) return;
+  if (m <= 3 && fused(xq, sa)) return;
   if (m == 1) linear_q_panels<4>(xq, sa, m, K, N, pack, scales, y, pool);
   else if (m == 2) linear_q_panels<2>(xq, sa, m, K, N, pack, scales, y, pool);
   else linear_q_panels<1>(xq, sa, m, K, N, pack, scales, y, pool);
@@ -470,65 +470,90 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales
 // well below its share of the memory bandwidth on the machines measured (docs/performance.md).
 constexpr int64_t kPrefetchBytes = 2048;
 
-// m = 1 on repacked weights: converts each pair in registers and feeds vdpbf16ps directly (no
-// panel buffer), P panels at a time for independent chains. Same per-column order as micro.
+// M (1-3) rows on repacked weights: converts each pair in registers once and feeds vdpbf16ps for
+// every row directly (no panel buffer), P panels at a time for independent chains. Same
+// per-column order as micro.
 // cvt(q_base, pair, w0, w1) converts pair `pair` (= kb * 16 + j) of the panel at q_base;
 // scale(panel, kb, s0, s1) gives the panel's 32 fp32 weight scales of block kb.
-template <int P, class Cvt, class Scale>
+template <int M, int P, class Cvt, class Scale>
 void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64_t first, const uint8_t* packed,
                int64_t panel_bytes, int64_t pair_bytes, Cvt& cvt, Scale& scale, float* y) {
+  const int64_t K = nkb * 32;
   const uint8_t* base[P];
 #pragma GCC unroll 16
   for (int q = 0; q < P; ++q) base[q] = packed + (first + q) * panel_bytes;
-  __m512 t[P][2];
+  __m512 t[M][P][2];
 #pragma GCC unroll 16
-  for (int q = 0; q < P; ++q) t[q][0] = t[q][1] = _mm512_setzero_ps();
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 16
+    for (int q = 0; q < P; ++q) t[r][q][0] = t[r][q][1] = _mm512_setzero_ps();
   for (int64_t kb = 0; kb < nkb; ++kb) {
-    __m512 acc[P][2];
+    __m512 acc[M][P][2];
 #pragma GCC unroll 16
-    for (int q = 0; q < P; ++q) acc[q][0] = acc[q][1] = _mm512_setzero_ps();
-    const uint16_t* xb = xq + kb * 32;
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 16
+      for (int q = 0; q < P; ++q) acc[r][q][0] = acc[r][q][1] = _mm512_setzero_ps();
     for (int j = 0; j < 16; ++j) {
-      const __m512bh xv = bcast_pair(xb + 2 * j);
+      __m512bh xv[M];
+#pragma GCC unroll 16
+      for (int r = 0; r < M; ++r) xv[r] = bcast_pair(xq + r * K + kb * 32 + 2 * j);
 #pragma GCC unroll 16
       for (int q = 0; q < P; ++q) {
         __m512i w0, w1;
         _mm_prefetch(reinterpret_cast<const char*>(base[q] + (kb * 16 + j) * pair_bytes + kPrefetchBytes), _MM_HINT_T0);
         cvt(base[q], kb * 16 + j, w0, w1);
-        acc[q][0] = _mm512_dpbf16_ps(acc[q][0], (__m512bh)w0, xv);
-        acc[q][1] = _mm512_dpbf16_ps(acc[q][1], (__m512bh)w1, xv);
+#pragma GCC unroll 16
+        for (int r = 0; r < M; ++r) {
+          acc[r][q][0] = _mm512_dpbf16_ps(acc[r][q][0], (__m512bh)w0, xv[r]);
+          acc[r][q][1] = _mm512_dpbf16_ps(acc[r][q][1], (__m512bh)w1, xv[r]);
+        }
       }
     }
-    const __m512 a = _mm512_set1_ps(sa[kb]);
 #pragma GCC unroll 16
     for (int q = 0; q < P; ++q) {
       __m512 s0, s1;
       scale(first + q, kb, s0, s1);
-      t[q][0] = _mm512_add_ps(t[q][0], _mm512_mul_ps(_mm512_mul_ps(acc[q][0], a), s0));
-      t[q][1] = _mm512_add_ps(t[q][1], _mm512_mul_ps(_mm512_mul_ps(acc[q][1], a), s1));
+#pragma GCC unroll 16
+      for (int r = 0; r < M; ++r) {
+        const __m512 a = _mm512_set1_ps(sa[r * nkb + kb]);
+        t[r][q][0] = _mm512_add_ps(t[r][q][0], _mm512_mul_ps(_mm512_mul_ps(acc[r][q][0], a), s0));
+        t[r][q][1] = _mm512_add_ps(t[r][q][1], _mm512_mul_ps(_mm512_mul_ps(acc[r][q][1], a), s1));
+      }
     }
   }
 #pragma GCC unroll 16
   for (int q = 0; q < P; ++q) {
     const int64_t n0 = (first + q) * kPanel;
-    store_panel(y + n0, int(std::min<int64_t>(kPanel, N - n0)), t[q][0], t[q][1]);
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) store_panel(y + r * N + n0, int(std::min<int64_t>(kPanel, N - n0)), t[r][q][0], t[r][q][1]);
   }
 }
 
+// Panels of P at a time, the chunk's remainder as one group of fewer (no repeated panels).
+template <int M, int P, class Cvt, class Scale>
+void q1_chunk(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64_t p0, int64_t p1, const uint8_t* packed,
+              int64_t panel_bytes, int64_t pair_bytes, Cvt& cvt, Scale& scale, float* y) {
+  int64_t first = p0;
+  for (; first + P <= p1; first += P) q1_panels<M, P>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y);
+  switch (p1 - first) {
+    case 3: if constexpr (P > 3) q1_panels<M, 3>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
+    case 2: if constexpr (P > 2) q1_panels<M, 2>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
+    case 1: if constexpr (P > 1) q1_panels<M, 1>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
+    default: break;
+  }
+}
+
+// m = 1..3 rows on the repacked layout, converting each weight pair once for all rows (the
+// microkernel path would convert whole panels into a buffer first, unamortized at so few rows).
+// Each column's vdpbf16ps chain and block-scale sums are the microkernel's, so are the bits.
 template <class Cvt, class Scale>
-void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t K, int64_t N, const uint8_t* packed,
+void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t m, int64_t K, int64_t N, const uint8_t* packed,
                       int64_t panel_bytes, Cvt& cvt, Scale& scale, float* y, ThreadPool* pool) {
   const int64_t nkb = K / 32, npanels = n_panels(N), pair_bytes = panel_bytes / (nkb * 16);
-  // Each chunk of panels runs four at a time, its remainder as one group of 1-3 (no repeats).
   run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
-    int64_t first = p0;
-    for (; first + 4 <= p1; first += 4) q1_panels<4>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y);
-    switch (p1 - first) {
-      case 3: q1_panels<3>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
-      case 2: q1_panels<2>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
-      case 1: q1_panels<1>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
-      default: break;
-    }
+    if (m == 1) q1_chunk<1, 4>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
+    else if (m == 2) q1_chunk<2, 2>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
+    else q1_chunk<3, 2>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
   });
 }
 
@@ -647,7 +672,7 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
         auto scale = [&](int64_t panel, int64_t kb, __m512& s0, __m512& s1) {
           s0 = s1 = _mm512_set1_ps(e8[w.scale[panel * nkb + kb]]);
         };
-        linear_q1_packed(xq, sa, K, w.out, w.packed, nkb * kFp8BlockBytes, cvt, scale, y, pool);
+        linear_q1_packed(xq, sa, m, K, w.out, w.packed, nkb * kFp8BlockBytes, cvt, scale, y, pool);
         return true;
       },
       y, pool);
@@ -693,7 +718,7 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
           s0 = e8m0x16_ps(c);
           s1 = e8m0x16_ps(c + 16);
         };
-        linear_q1_packed(xq, sa, K, w.out, w.packed, nkb * kFp4BlockBytes, cvt, scale, y, pool);
+        linear_q1_packed(xq, sa, m, K, w.out, w.packed, nkb * kFp4BlockBytes, cvt, scale, y, pool);
         return true;
       },
       y, pool);
