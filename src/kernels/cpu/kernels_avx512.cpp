@@ -744,12 +744,6 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
       [&](float v) { return round_out ? round_bf16(v) : v; }, y, pool);
 }
 
-// The logits head: bf16 weights times bf16-valued x with fp32 accumulation (the reference's head
-// is an fp32 F.linear, whose order torch leaves undefined). Every product is exact in fp32, so
-// vdpbf16ps applies: 32 weights per instruction instead of the fp64 path's 8, which leaves the
-// head bound by memory. The order is fixed by K alone (16 lanes, chunks of 32 in K order, one
-// reduction tree), so results do not depend on m, the tile or the thread split. Rows whose x is
-// not bf16-exact (not the head's contract) take the exact fp64 path.
 // R weight rows of the head against M bf16 x rows (each weight vector loaded once for all M),
 // fp32 accumulation per (row, weight row); out[r][i].
 template <int R, int M, bool kPrefetch>
@@ -781,6 +775,25 @@ inline void logits_tile(const uint16_t* xr, int64_t ldx, const uint16_t* const* 
     for (int i = 0; i < R; ++i) out[r][i] = acc[r][i];
 }
 
+template <int R, bool kPrefetch>
+inline void logits_rows(int M, const uint16_t* xr, int64_t ldx, const uint16_t* const* wr, int64_t K, int64_t nc,
+                        __mmask32 tail, __m512 (&out)[6][R]) {
+  switch (M) {
+    case 1: return logits_tile<R, 1, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
+    case 2: return logits_tile<R, 2, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
+    case 3: return logits_tile<R, 3, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
+    case 4: return logits_tile<R, 4, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
+    case 5: return logits_tile<R, 5, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
+    default: return logits_tile<R, 6, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
+  }
+}
+
+// The logits head: bf16 weights times bf16-valued x with fp32 accumulation (the reference's head
+// is an fp32 F.linear, whose order torch leaves undefined). Every product is exact in fp32, so
+// vdpbf16ps applies: 32 weights per instruction instead of the fp64 path's 8, which leaves the
+// head bound by memory. The order is fixed by K alone (16 lanes, chunks of 32 in K order, one
+// reduction tree), so results do not depend on m, the tile or the thread split. Rows whose x is
+// not bf16-exact (not the head's contract) take the exact fp64 path.
 void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool) {
   const int64_t K = w.in, N = w.out, nc = (K + 31) / 32;
   thread_local std::vector<uint16_t> xs;
@@ -811,25 +824,8 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
         const uint16_t* xr = xb + r0 * nc * 32;
         const int64_t ldx = nc * 32;
         __m512 acc[6][R];
-        if (r0 == 0) {
-          switch (M) {
-            case 1: logits_tile<R, 1, true>(xr, ldx, wr, K, nc, tail, acc); break;
-            case 2: logits_tile<R, 2, true>(xr, ldx, wr, K, nc, tail, acc); break;
-            case 3: logits_tile<R, 3, true>(xr, ldx, wr, K, nc, tail, acc); break;
-            case 4: logits_tile<R, 4, true>(xr, ldx, wr, K, nc, tail, acc); break;
-            case 5: logits_tile<R, 5, true>(xr, ldx, wr, K, nc, tail, acc); break;
-            default: logits_tile<R, 6, true>(xr, ldx, wr, K, nc, tail, acc); break;
-          }
-        } else {
-          switch (M) {
-            case 1: logits_tile<R, 1, false>(xr, ldx, wr, K, nc, tail, acc); break;
-            case 2: logits_tile<R, 2, false>(xr, ldx, wr, K, nc, tail, acc); break;
-            case 3: logits_tile<R, 3, false>(xr, ldx, wr, K, nc, tail, acc); break;
-            case 4: logits_tile<R, 4, false>(xr, ldx, wr, K, nc, tail, acc); break;
-            case 5: logits_tile<R, 5, false>(xr, ldx, wr, K, nc, tail, acc); break;
-            default: logits_tile<R, 6, false>(xr, ldx, wr, K, nc, tail, acc); break;
-          }
-        }
+        if (r0 == 0) logits_rows<R, true>(M, xr, ldx, wr, K, nc, tail, acc);
+        else logits_rows<R, false>(M, xr, ldx, wr, K, nc, tail, acc);
         for (int r = 0; r < M; ++r)
           for (int i = 0; i < rows; ++i) y[(r0 + r) * N + n0 + i] = _mm512_reduce_add_ps(acc[r][i]);
       }
