@@ -166,7 +166,9 @@ TEST_P(MakeTinySize, GeneratesValidatesLoadsAndRuns) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // About 1 s on an idle machine. Only a gross regression fails here: CI machines are shared,
   // so a tight wall-clock bound would fail for reasons that are not ours.
-  if (GetParam() == "tiny") EXPECT_LT(secs, 60.0) << "tiny generation must stay fast (tests use it)";
+  if (GetParam() == "tiny") {
+    EXPECT_LT(secs, 60.0) << "tiny generation must stay fast (tests use it)";
+  }
   std::printf("make-tiny %s: %.2f s\n", GetParam().c_str(), secs);
   EXPECT_EQ(r.n_shards, 1u);
   for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"})
