@@ -4,8 +4,9 @@
 // busy; nothing is allocated per call.
 //
 // The chunks depend only on n, grain and the pool size, never on timing, and kernels give every
-// output element to exactly one call, so results are the same bits for any thread count. A parallel_for issued from inside a worker (or while the pool is busy) runs
-// inline on the calling thread: nested parallelism is allowed but serial.
+// output element to exactly one call, so results are the same bits for any thread count. A
+// parallel_for issued from inside a worker (or while the pool is busy) runs inline on the calling
+// thread: nested parallelism is allowed but serial.
 #pragma once
 
 #include <cstdint>

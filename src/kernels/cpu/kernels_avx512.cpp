@@ -288,6 +288,30 @@ inline __m512bh bcast_pair(const uint16_t* p) {
   return (__m512bh)_mm512_set1_epi32(v);
 }
 
+// Zeroes an R x P x 2 register tile (fully unrolled: a loop left on its own kept the tile on the stack).
+template <int R, int P>
+inline void zero_tile(__m512 (&a)[R][P][2]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int q = 0; q < P; ++q) a[r][q][0] = a[r][q][1] = _mm512_setzero_ps();
+}
+
+// t += (block sums x activation scale of the row) x weight scales, for R rows and P panels: the
+// one per-block epilogue of micro and q1_panels, so both give a column the same bits.
+template <int R, int P>
+inline void add_block_totals(__m512 (&t)[R][P][2], const __m512 (&acc)[R][P][2], const float* sa, int64_t lds,
+                             const __m512 (&s)[P][2]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const __m512 a = _mm512_set1_ps(sa[r * lds]);
+#pragma GCC unroll 16
+    for (int q = 0; q < P; ++q)
+#pragma GCC unroll 16
+      for (int h = 0; h < 2; ++h) t[r][q][h] = _mm512_add_ps(t[r][q][h], _mm512_mul_ps(_mm512_mul_ps(acc[r][q][h], a), s[q][h]));
+  }
+}
+
 // Totals += per block: (block sum of the pair products) x act_scale x weight_scale, for R rows and
 // P panels. Panel q's converted weights are at panel + q * pstride, its scales at sw + q * sstride,
 // the totals of (row r, panel q) at T + (r * P + q) * 32. Several panels at small R keep enough
@@ -305,10 +329,7 @@ inline void micro(const uint16_t* xq, int64_t ldx, const float* sa, int64_t lds,
       for (int h = 0; h < 2; ++h) t[r][q][h] = _mm512_loadu_ps(T + (r * P + q) * kPanel + h * 16);
   for (int b = 0; b < nb; ++b) {
     __m512 acc[R][P][2];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-      for (int q = 0; q < P; ++q) acc[r][q][0] = acc[r][q][1] = _mm512_setzero_ps();
+    zero_tile(acc);
     const uint16_t* xb = xq + b * 32;
     for (int j = 0; j < 16; ++j) {
       __m512bh w[P][2];
@@ -327,17 +348,12 @@ inline void micro(const uint16_t* xq, int64_t ldx, const float* sa, int64_t lds,
           for (int h = 0; h < 2; ++h) acc[r][q][h] = _mm512_dpbf16_ps(acc[r][q][h], w[q][h], xv);
       }
     }
+    __m512 s[P][2];
 #pragma GCC unroll 16
     for (int q = 0; q < P; ++q)
 #pragma GCC unroll 16
-      for (int h = 0; h < 2; ++h) {
-        const __m512 s = _mm512_loadu_ps(sw + q * sstride + b * kPanel + h * 16);
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          const __m512 a = _mm512_set1_ps(sa[r * lds + b]);
-          t[r][q][h] = _mm512_add_ps(t[r][q][h], _mm512_mul_ps(_mm512_mul_ps(acc[r][q][h], a), s));
-        }
-      }
+      for (int h = 0; h < 2; ++h) s[q][h] = _mm512_loadu_ps(sw + q * sstride + b * kPanel + h * 16);
+    add_block_totals(t, acc, sa + b, lds, s);
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -483,16 +499,10 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
 #pragma GCC unroll 16
   for (int q = 0; q < P; ++q) base[q] = packed + (first + q) * panel_bytes;
   __m512 t[M][P][2];
-#pragma GCC unroll 16
-  for (int r = 0; r < M; ++r)
-#pragma GCC unroll 16
-    for (int q = 0; q < P; ++q) t[r][q][0] = t[r][q][1] = _mm512_setzero_ps();
+  zero_tile(t);
   for (int64_t kb = 0; kb < nkb; ++kb) {
     __m512 acc[M][P][2];
-#pragma GCC unroll 16
-    for (int r = 0; r < M; ++r)
-#pragma GCC unroll 16
-      for (int q = 0; q < P; ++q) acc[r][q][0] = acc[r][q][1] = _mm512_setzero_ps();
+    zero_tile(acc);
     for (int j = 0; j < 16; ++j) {
       __m512bh xv[M];
 #pragma GCC unroll 16
@@ -509,17 +519,10 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
         }
       }
     }
+    __m512 s[P][2];
 #pragma GCC unroll 16
-    for (int q = 0; q < P; ++q) {
-      __m512 s0, s1;
-      scale(first + q, kb, s0, s1);
-#pragma GCC unroll 16
-      for (int r = 0; r < M; ++r) {
-        const __m512 a = _mm512_set1_ps(sa[r * nkb + kb]);
-        t[r][q][0] = _mm512_add_ps(t[r][q][0], _mm512_mul_ps(_mm512_mul_ps(acc[r][q][0], a), s0));
-        t[r][q][1] = _mm512_add_ps(t[r][q][1], _mm512_mul_ps(_mm512_mul_ps(acc[r][q][1], a), s1));
-      }
-    }
+    for (int q = 0; q < P; ++q) scale(first + q, kb, s[q][0], s[q][1]);
+    add_block_totals(t, acc, sa + kb, nkb, s);
   }
 #pragma GCC unroll 16
   for (int q = 0; q < P; ++q) {
@@ -1162,36 +1165,25 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
 // mHC collapse / expand, 16 columns per vector: the reference's fp32 products and sums in the
 // same order (no FMA: -ffp-contract=off), then one bf16 rounding.
 void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y) {
-  int d = 0;
-  for (; d + 16 <= dim; d += 16) {
+  for (int d = 0; d < dim; d += 16) {
+    const __mmask16 k = dim - d >= 16 ? __mmask16(0xffff) : __mmask16((1u << (dim - d)) - 1);  // ragged tail
     __m512 acc = _mm512_setzero_ps();
-    for (int k = 0; k < hc; ++k)
-      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(pre[k]), _mm512_loadu_ps(X + size_t(k) * dim + d)));
-    _mm512_storeu_ps(y + d, round_bf16_ps(acc));
-  }
-  for (; d < dim; ++d) {
-    float acc = 0.f;
-    for (int k = 0; k < hc; ++k) acc += pre[k] * X[size_t(k) * dim + d];
-    y[d] = round_bf16(acc);
+    for (int i = 0; i < hc; ++i)
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(pre[i]), _mm512_maskz_loadu_ps(k, X + size_t(i) * dim + d)));
+    _mm512_mask_storeu_ps(y + d, k, round_bf16_ps(acc));
   }
 }
 
 void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y) {
-  for (int j = 0; j < hc; ++j) {
-    int d = 0;
-    for (; d + 16 <= dim; d += 16) {
+  for (int j = 0; j < hc; ++j)
+    for (int d = 0; d < dim; d += 16) {
+      const __mmask16 k = dim - d >= 16 ? __mmask16(0xffff) : __mmask16((1u << (dim - d)) - 1);  // ragged tail
       __m512 acc = _mm512_setzero_ps();
       for (int i = 0; i < hc; ++i)
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(comb[i * hc + j]), _mm512_loadu_ps(X + size_t(i) * dim + d)));
-      const __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(post[j]), _mm512_loadu_ps(f + d)), acc);
-      _mm512_storeu_ps(Y + size_t(j) * dim + d, round_bf16_ps(v));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(comb[i * hc + j]), _mm512_maskz_loadu_ps(k, X + size_t(i) * dim + d)));
+      const __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(post[j]), _mm512_maskz_loadu_ps(k, f + d)), acc);
+      _mm512_mask_storeu_ps(Y + size_t(j) * dim + d, k, round_bf16_ps(v));
     }
-    for (; d < dim; ++d) {
-      float acc = 0.f;
-      for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * X[size_t(i) * dim + d];
-      Y[size_t(j) * dim + d] = round_bf16(post[j] * f[d] + acc);
-    }
-  }
 }
 
 // The indexer's dots in fp64 with 8 lanes (q widened once per call, each key once): the products
@@ -1277,7 +1269,7 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
   std::fill(denom.begin(), denom.begin() + H, 0.f);
   double* kt = kvT.data();
   if (qd.size() < size_t(H) * d) qd.resize(size_t(H) * d);
-  for (int64_t i = 0; i < int64_t(H) * d; ++i) qd[size_t(i)] = q[i];  // widened once, broadcast from memory
+  widen_x(q, int64_t(H) * d, qd.data());  // widened once, broadcast from memory
   for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
     const int64_t c1 = std::min(n_rows, c0 + kChunk);
     // Scores: 8 rows per lane group, each lane a sequential fp64 dot over d (the reference's order).
