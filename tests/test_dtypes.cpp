@@ -438,6 +438,30 @@ TEST(DtypesActQuant, Fp4QdqMatchesDefinition) {
   }
 }
 
+// Every bf16 magnitude up to 6 (and NaN, +-inf past the clamp) in a block whose scale is 1: all
+// E2M1 midpoints and their neighbours, both signs, against the code-table definition.
+TEST(DtypesActQuant, Fp4QdqEveryBf16InUnitBlock) {
+  std::vector<float> vals;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float v = bits_f32(b << 16);
+    if (std::isnan(v) || std::fabs(v) <= 6.f) vals.push_back(v);
+  }
+  for (float mid : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f})
+    for (float v : {std::nextafter(mid, 0.f), mid, std::nextafter(mid, 8.f)}) vals.push_back(v), vals.push_back(-v);
+  for (size_t at = 0; at < vals.size(); at += 31) {
+    std::vector<float> y(32, 0.f);
+    y[0] = 6.f;  // amax 6: the E8M0 scale is exactly 1 (NaN does not raise amax)
+    const size_t n = std::min<size_t>(31, vals.size() - at);
+    std::copy(vals.begin() + long(at), vals.begin() + long(at + n), y.begin() + 1);
+    const std::vector<float> x = y;
+    act_qdq_fp4_e8m0(y.data(), 32);
+    for (size_t i = 0; i < 32; ++i) {
+      const float want = e2m1_to_f32(e2m1_expected(std::clamp(x[i], -6.f, 6.f)));
+      ASSERT_EQ(f32_bits(y[i]), f32_bits(want)) << "x = " << x[i];
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Golden checkpoint bytes (selfcheck.json examples), read through the loader.
 

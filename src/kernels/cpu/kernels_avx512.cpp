@@ -981,7 +981,9 @@ inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, co
     __m512i w[NR][2];
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr + i * K + c * 64 + kPrefetchBytes), _MM_HINT_T0);
+      // The same bytes of the next pass's rows: a whole pass ahead. (A fixed 2 KiB ahead landed in
+      // rows this pass was already reading when K = 2048; one thread streamed ~12 GB/s, now ~19.)
+      _mm_prefetch(reinterpret_cast<const char*>(wr + (NR + i) * K + c * 64), _MM_HINT_T0);
       cvt_pair_fp8(wr + i * K + c * 64, lut, w[i][0], w[i][1]);
     }
 #pragma GCC unroll 3

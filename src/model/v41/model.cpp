@@ -130,11 +130,12 @@ const float* Model::rope_table(int layer, int64_t pos, float* buf) const {
 void Model::hc_mixes(const HcWeights& w, const float* stream, int S, float* pre, float* post, float* comb,
                      Workspace& ws) const {
   const int hc = cfg_.hc_mult, flat = hc * cfg_.dim, nmix = (2 + hc) * hc;
-  float* mix = sized(ws.mix, size_t(nmix));
+  float* mixes = sized(ws.mix, size_t(S) * nmix);
+  kern::linear_f32(stream, S, w.fn, mixes);  // one pass over the weight for all rows (rows are independent)
   for (int s = 0; s < S; ++s) {
     const float* xs = stream + size_t(s) * flat;
     const float r = ref::rms_scale(xs, flat, cfg_.norm_eps);
-    kern::linear_f32(xs, 1, w.fn, mix);
+    float* mix = mixes + size_t(s) * nmix;
     for (int k = 0; k < nmix; ++k) mix[k] *= r;
     ref::hc_split_sinkhorn(mix, w.scale.p, w.base.p, hc, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, pre + s * hc,
                            post + s * hc, comb + s * hc * hc);

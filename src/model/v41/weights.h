@@ -1,5 +1,5 @@
-// Views of a V4.1 checkpoint's tensors, grouped per layer. Nothing is copied or converted: every
-// view points into the memory-mapped safetensors files, in the release's packed formats.
+// Views of a V4.1 checkpoint's tensors, grouped per layer, in the release's packed formats. They
+// point into the memory-mapped safetensors files until repack_weights moves the streamed ones.
 #pragma once
 
 #include <cstdint>
@@ -83,9 +83,10 @@ struct ModelWeights {
 ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& cfg);
 
 // Repacks every FP8/FP4 weight the quantized kernels read (all but wo_a, which is dequantized per
-// group) into the active ISA's layout (kern::pack_weight), sets the views' `packed`, and drops the
-// checkpoint pages they came from, so resident memory stays about one copy. Returns the buffer
-// (empty when the ISA reads the checkpoint layout).
+// group) into the active ISA's layout (kern::pack_weight), sets the views' `packed`, copies the
+// dense weights a step streams (head, wo_a codes, bf16/fp32 projections) unchanged, repoints their
+// views, and drops the checkpoint pages all of them came from, so resident memory stays about one
+// copy. Returns the buffer (huge pages where the kernel allows).
 HugeBuffer repack_weights(ModelWeights& w, ThreadPool* pool);
 
 }  // namespace di::v41
