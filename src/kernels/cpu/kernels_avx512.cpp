@@ -35,6 +35,8 @@ namespace {
 constexpr int kPanel = 32;        // output columns per panel: two zmm of 16 lanes
 constexpr int kChunkBlocks = 8;   // K blocks per packed chunk: 8 x 16 pairs x 32 columns x 4 B = 16 KB
 constexpr int kRowTile = 6;       // rows per microkernel call: 12 block accumulators + 12 totals
+constexpr int kCertifiedGemmRows = 24;  // wo_a rows from which the GEMM layout of the certified kernel runs (measured crossover 16-32)
+constexpr int kCertTile = 4;           // its rows per tile: 8 block sums + 8 totals + 8 magnitude sums
 
 template <class F>
 void run(ThreadPool* pool, int64_t n, int64_t grain, F&& f) {
@@ -626,6 +628,28 @@ inline void dot4_f64(const double* xd, int64_t K, int rows, W16&& wv, W1&& w1, d
   }
 }
 
+// sums[q] = sum_k xs[q][k] ws[q][k] for up to kRows64 independent pairs, each exactly as dot4_f64
+// computes one row (same lanes, reduction and tail): the same bits, with 4 chains in flight.
+inline void dot_pairs_f64(const double* const* xs, const double* const* ws, int n, int64_t K, double* sums) {
+  __m512d a[kRows64][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm512_setzero_pd();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows64; ++i) {
+      if (i >= n) break;
+      a[i][0] = _mm512_fmadd_pd(_mm512_loadu_pd(xs[i] + k), _mm512_loadu_pd(ws[i] + k), a[i][0]);
+      a[i][1] = _mm512_fmadd_pd(_mm512_loadu_pd(xs[i] + k + 8), _mm512_loadu_pd(ws[i] + k + 8), a[i][1]);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    double tail = 0;
+    for (int64_t t = k; t < K; ++t) tail += xs[i][t] * ws[i][t];
+    sums[i] = _mm512_reduce_add_pd(_mm512_add_pd(a[i][0], a[i][1])) + tail;
+  }
+}
+
 // y[r, n] = out(n, sum) over m rows; columns split over threads in tiles of kRows64.
 template <class Widen, class Dot4, class Out>
 void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& widen, Dot4&& dot4, Out&& out, float* y,
@@ -1006,6 +1030,180 @@ inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, co
       for (int h = 0; h < 2; ++h) acc_out[i][r][h] = acc[i][r][h], track_out[i][r][h] = track[i][r][h];
 }
 
+// R rows of x (bf16 pairs) against one panel of 32 weight rows ([pair][32] bf16 pairs, the group's
+// scale folded in): the fp32 sums, one output per lane. Each 32-element K block is summed in a
+// fresh accumulator and then added to the lane's total, so the partial sums the bound charges
+// stay small (one chain over all of K handed ~7 % of outputs to fp64, blocks ~2.7 %). Beside each
+// lane: the sum of the magnitudes of every rounded result, block sums after each step and totals
+// after each block (the bound's sum_i |A_i|).
+template <int R>
+inline void certified_tile(const uint16_t* xb, int64_t ldx, const uint32_t* panel, int64_t nkb, float* acc_out,
+                           float* track_out) {
+  __m512 total[R][2], track[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = track[r][0] = track[r][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nkb; ++b) {
+    __m512 acc[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t j = b * 16; j < b * 16 + 16; ++j) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + j * kPanel), w1 = (__m512bh)_mm512_loadu_si512(panel + j * kPanel + 16);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xv = bcast_pair(xb + r * ldx + 2 * j);
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, xv);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, xv);
+        track[r][0] = _mm512_add_ps(track[r][0], _mm512_abs_ps(acc[r][0]));
+        track[r][1] = _mm512_add_ps(track[r][1], _mm512_abs_ps(acc[r][1]));
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) {
+        total[r][h] = _mm512_add_ps(total[r][h], acc[r][h]);
+        track[r][h] = _mm512_add_ps(track[r][h], _mm512_abs_ps(total[r][h]));
+      }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      _mm512_storeu_ps(acc_out + r * kPanel + h * 16, total[r][h]);
+      _mm512_storeu_ps(track_out + r * kPanel + h * 16, track[r][h]);
+    }
+}
+
+// wo_a for many rows (prefill, batched decode), same certificate as fp8_dequant_certified below but
+// laid out as a GEMM: per 32-row group the E4M3 codes become bf16 pairs with the group's block
+// scale folded in (e4m3 x 2^e is exact in bf16), so each lane accumulates one output over all of K
+// and every weight conversion serves all m rows. x x (w x s) equals (x x s) x w exactly in fp32
+// (both are products of bf16 values without under- or overflow, checked per row and group), so
+// the per-lane error bound is the same: 2^-24 (2 sum_i |A_i| + sum |products|).
+void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  static const Fp8Lut lut;
+  const float* e8 = detail::e8m0_table();
+  const int64_t K = w.in, N = w.out, nkb = K / 32, pairs = K / 2;
+  // x as bf16, and per row: the magnitude sum of each 32-block, the smallest nonzero and the
+  // largest magnitude (non-finite rows take the fp64 path).
+  thread_local std::vector<uint16_t> xbf;
+  thread_local std::vector<float> xabs, xlo, xhi;
+  if (int64_t(xbf.size()) < m * K) xbf.resize(size_t(m * K));
+  if (int64_t(xabs.size()) < m * nkb) xabs.resize(size_t(m * nkb));
+  if (int64_t(xlo.size()) < m) xlo.resize(size_t(m)), xhi.resize(size_t(m));
+  for (int64_t r = 0; r < m; ++r) {
+    float lo = INFINITY, hi = 0.f;
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const float* v = x + r * K + kb * 32;
+      const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(v)), a1 = _mm512_abs_ps(_mm512_loadu_ps(v + 16));
+      xabs[size_t(r * nkb + kb)] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+      hi = std::max({hi, _mm512_reduce_max_ps(a0), _mm512_reduce_max_ps(a1)});
+      const __m512 big = _mm512_set1_ps(INFINITY);
+      lo = std::min({lo, _mm512_reduce_min_ps(_mm512_mask_blend_ps(_mm512_cmpneq_ps_mask(a0, _mm512_setzero_ps()), big, a0)),
+                     _mm512_reduce_min_ps(_mm512_mask_blend_ps(_mm512_cmpneq_ps_mask(a1, _mm512_setzero_ps()), big, a1))});
+      // bf16-valued: the high halves are the values
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf.data() + r * K + kb * 32),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v)), 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf.data() + r * K + kb * 32 + 16),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v + 16)), 16)));
+    }
+    float total = 0.f;  // NaN or inf anywhere in the row makes it non-finite
+    for (int64_t kb = 0; kb < nkb; ++kb) total += xabs[size_t(r * nkb + kb)];
+    xlo[size_t(r)] = lo;
+    xhi[size_t(r)] = std::isfinite(total) && std::isfinite(hi) ? hi : INFINITY;
+  }
+  const double* xd = widened_x(x, m * K);
+  // The caller's thread-local arrays, by pointer: inside the workers the names are their own.
+  const uint16_t* xbf_all = xbf.data();
+  const float *abs_blocks = xabs.data(), *row_lo = xlo.data(), *row_hi = xhi.data();
+  run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
+    int64_t settled = 0, handed = 0;
+    thread_local std::vector<uint32_t> panel;  // [pairs][32]
+    thread_local std::vector<double> wd;       // [32][K] e4m3 x scale in fp64 (fallback)
+    thread_local std::vector<std::pair<int64_t, int>> handed_list;  // (row, column in group) to recompute
+    if (int64_t(panel.size()) < pairs * kPanel) panel.resize(size_t(pairs * kPanel));
+    if (int64_t(wd.size()) < 32 * K) wd.resize(size_t(32 * K));
+    alignas(64) float acc[kCertTile * kPanel], track[kCertTile * kPanel];
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const uint8_t* srow = w.scale + grp * nkb;
+      const int64_t n0 = grp * 32, nvalid = std::min<int64_t>(32, N - n0);
+      float smin = INFINITY, smax = 0.f;
+      for (int64_t kb = 0; kb < nkb; ++kb) smin = std::min(smin, e8[srow[kb]]), smax = std::max(smax, e8[srow[kb]]);
+      const bool scales_ok = smin >= 0x1p-40f && smax <= 0x1p40f;
+      if (scales_ok) {
+        pack_fp8(w.w, K, n0, int(nvalid), 0, nkb, lut, panel.data());
+        for (int64_t kb = 0; kb < nkb; ++kb) {  // fold the block scale into both bf16 halves of each pair
+          const __m512 sc = _mm512_set1_ps(e8[srow[kb]]);
+          for (int64_t q = 0; q < 16 * kPanel; q += 16) {
+            uint32_t* d = panel.data() + kb * 16 * kPanel + q;
+            const __m512i v = _mm512_loadu_si512(d);
+            const __m512 lo = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), sc);
+            const __m512 hi = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u)))), sc);
+            _mm512_storeu_si512(d, _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(lo), 16),
+                                                   _mm512_and_si512(_mm512_castps_si512(hi), _mm512_set1_epi32(int(0xffff0000u)))));
+          }
+        }
+      }
+      for (int64_t r0 = 0; r0 < m; r0 += kCertTile) {
+        const int R = int(std::min<int64_t>(kCertTile, m - r0));
+        if (scales_ok) {
+          const uint16_t* xb = xbf_all + r0 * K;
+          switch (R) {
+            case 4: certified_tile<4>(xb, K, panel.data(), nkb, acc, track); break;
+            case 3: certified_tile<3>(xb, K, panel.data(), nkb, acc, track); break;
+            case 2: certified_tile<2>(xb, K, panel.data(), nkb, acc, track); break;
+            default: certified_tile<1>(xb, K, panel.data(), nkb, acc, track); break;
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          const int64_t row = r0 + r;
+          // Every product of this row and group is exact in fp32 (see above): |x| x |w x s| stays
+          // within [2^-100 x 2^-9, 2^100 x 448] when the row's and the group's ranges allow it.
+          const bool fast = scales_ok && row_hi[row] * smax <= 0x1p100f &&
+                            (row_lo[row] == INFINITY || row_lo[row] * smin >= 0x1p-100f);
+          double abs_sum = 0;  // sum |x x scale| of this row and group
+          if (fast)
+            for (int64_t kb = 0; kb < nkb; ++kb) abs_sum += double(abs_blocks[row * nkb + kb]) * e8[srow[kb]];
+          int handed_cols[32], n_handed = 0;
+          for (int64_t i = 0; i < nvalid; ++i) {
+            if (fast) {
+              const double sum = acc[r * kPanel + i], tracked = track[r * kPanel + i];
+              // As fp8_dequant_certified: 1.01 covers the fp32 sums of |A_i| and |x x scale|;
+              // 2^-45 |sum| the fp64 arithmetic of sum +- bound.
+              const double bound = 0x1p-24 * 1.01 * (2 * tracked + 448 * abs_sum) + 0x1p-45 * std::fabs(sum);
+              const float lo = round_bf16(float(sum - bound)), hi = round_bf16(float(sum + bound));
+              if (std::isfinite(sum) && std::isfinite(bound) && f32_bits(lo) == f32_bits(hi)) {
+                y[row * N + n0 + i] = lo;
+                continue;
+              }
+            }
+            handed_cols[n_handed++] = int(i);
+          }
+          settled += nvalid - n_handed;
+          for (int q = 0; q < n_handed; ++q) handed_list.push_back({row, handed_cols[q]});
+        }
+      }
+      // The group's hand-overs, four (row, column) pairs at a time: independent fp64 chains
+      // (one at a time was latency-bound), each pair in dot4_f64's products and order.
+      handed += int64_t(handed_list.size());
+      if (!handed_list.empty())
+        for (int64_t nr = 0; nr < nvalid; ++nr) dequant_row_f64(w.w + (n0 + nr) * K, K, srow, e8, wd.data() + nr * K);
+      for (size_t c0 = 0; c0 < handed_list.size(); c0 += kRows64) {
+        const int n = int(std::min<size_t>(kRows64, handed_list.size() - c0));
+        const double *xs[kRows64], *ws[kRows64];
+        for (int q = 0; q < n; ++q) {
+          xs[q] = xd + handed_list[c0 + q].first * K;
+          ws[q] = wd.data() + int64_t(handed_list[c0 + q].second) * K;
+        }
+        double sums[kRows64];
+        dot_pairs_f64(xs, ws, n, K, sums);
+        for (int q = 0; q < n; ++q) y[handed_list[c0 + q].first * N + n0 + handed_list[c0 + q].second] = round_bf16(float(sums[q]));
+      }
+      handed_list.clear();
+    }
+    detail::certified_outputs.fetch_add(settled, std::memory_order_relaxed);
+    detail::certified_fallbacks.fetch_add(handed, std::memory_order_relaxed);
+  });
+}
+
 // wo_a when x holds bf16 values: vdpbf16ps with a certified error bound, exact fallback.
 // Per 32-row scale group, x x scale is still bf16 (a power of two times a bf16 value; a block of
 // rows falls back when it would leave [2^-100, 2^100]), so every product is exact in fp32 and only the
@@ -1018,6 +1216,7 @@ inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, co
 // kernel's result; otherwise (a few % of outputs) the output is recomputed with the fp64 kernels'
 // products and order (dot4_f64, one output). So the bits are those of the exact kernel, at the
 // speed of an fp32 one.
+// From kCertifiedGemmRows rows the GEMM layout above (fp8_dequant_certified_gemm) runs instead.
 bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
@@ -1025,24 +1224,21 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
   if (K % 64 != 0 || detail::exact_fp8_dequant_only) return false;
   for (int64_t i = 0; i < m * K; ++i)
     if (f32_bits(x[i]) & 0xffff) return false;  // not bf16 values: the fp64 path
-  // Exact fallback, same products and order as the fp64 kernels: for few rows per output from the
-  // E4M3 codes against the row's x x scale in fp64 (made on the row's first hand-over in its block);
-  // for many rows the group's weights are dequantized to fp64 once (on its first hand-over) and
-  // shared by all its handed-over outputs (~3 % hand-overs x 32 rows make that pay from m ~ 32).
-  const bool many = m >= 32;
-  const double* xd = many ? widened_x(x, m * K) : nullptr;
+  if (m >= kCertifiedGemmRows) {
+    fp8_dequant_certified_gemm(x, m, w, y, pool);
+    return true;
+  }
+  // Exact fallback, same products and order as the fp64 kernels: the E4M3 codes against the row's
+  // x x scale in fp64 (made on the row's first hand-over in its block).
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     int64_t settled = 0, handed = 0;
     thread_local std::vector<uint16_t> xbf;  // [3][K] x x scale as bf16, in cvt_pair_fp8's word order
-    thread_local std::vector<double> x64;    // [3][K] x x 256 x scale in fp64 (few-rows fallback)
-    thread_local std::vector<double> wd;     // [32][K] e4m3 x scale in fp64 (many-rows fallback)
+    thread_local std::vector<double> x64;    // [3][K] x x 256 x scale in fp64 (fallback)
     if (int64_t(xbf.size()) < 3 * K) xbf.resize(size_t(3 * K));
     if (int64_t(x64.size()) < 3 * K) x64.resize(size_t(3 * K));
-    if (many && int64_t(wd.size()) < 32 * K) wd.resize(size_t(32 * K));
     for (int64_t grp = g0; grp < g1; ++grp) {
       const uint8_t* srow = w.scale + grp * nkb;
       const int64_t n_begin = grp * 32, n_end = std::min(N, n_begin + 32);
-      bool wd_ready = false;
       for (int64_t r0 = 0; r0 < m; r0 += 3) {  // blocks of up to 3 rows share each weight conversion
         const int M = int(std::min<int64_t>(3, m - r0));
         double abs_sum[3];
@@ -1104,21 +1300,9 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
               }
               ++handed;
               double sum;
-              if (many) {
-                if (!wd_ready) {
-                  for (int64_t nr = 0; nr < n_end - n_begin; ++nr) dequant_row_f64(w.w + (n_begin + nr) * K, K, srow, e8, wd.data() + nr * K);
-                  wd_ready = true;
-                }
-                const double* wn = wd.data() + (n - n_begin) * K;
-                dot4_f64(
-                    xd + row * K, K, 1,
-                    [&](int, int64_t k, __m512d& lo, __m512d& hi) { lo = _mm512_loadu_pd(wn + k), hi = _mm512_loadu_pd(wn + k + 8); },
-                    [&](int, int64_t k) { return wn[k]; }, &sum);
-              } else {
-                double* xs = x64.data() + r * K;
-                if (!x64_ready[r]) scale_x_f64(x + row * K, K, srow, e8, xs), x64_ready[r] = true;
-                dot_e4m3_f64(xs, w.w + n * K, K, 1, &sum);
-              }
+              double* xs = x64.data() + r * K;
+              if (!x64_ready[r]) scale_x_f64(x + row * K, K, srow, e8, xs), x64_ready[r] = true;
+              dot_e4m3_f64(xs, w.w + n * K, K, 1, &sum);
               y[row * N + n] = round_bf16(float(sum));
             }
         }
