@@ -132,14 +132,16 @@ void Model::hc_mixes(const HcWeights& w, const float* stream, int S, float* pre,
   const int hc = cfg_.hc_mult, flat = hc * cfg_.dim, nmix = (2 + hc) * hc;
   float* mixes = sized(ws.mix, size_t(S) * nmix);
   kern::linear_f32(stream, S, w.fn, mixes);  // one pass over the weight for all rows (rows are independent)
-  for (int s = 0; s < S; ++s) {
-    const float* xs = stream + size_t(s) * flat;
-    const float r = ref::rms_scale(xs, flat, cfg_.norm_eps);
-    float* mix = mixes + size_t(s) * nmix;
-    for (int k = 0; k < nmix; ++k) mix[k] *= r;
-    ref::hc_split_sinkhorn(mix, w.scale.p, w.base.p, hc, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, pre + s * hc,
-                           post + s * hc, comb + s * hc * hc);
-  }
+  for_rows(S, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const float* xs = stream + size_t(s) * flat;
+      const float r = ref::rms_scale(xs, flat, cfg_.norm_eps);
+      float* mix = mixes + size_t(s) * nmix;
+      for (int k = 0; k < nmix; ++k) mix[k] *= r;
+      ref::hc_split_sinkhorn(mix, w.scale.p, w.base.p, hc, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, pre + s * hc,
+                             post + s * hc, comb + s * hc * hc);
+    }
+  });
 }
 
 void Model::engram(int layer, Ctx& c) const {
@@ -183,53 +185,70 @@ void Model::engram(int layer, Ctx& c) const {
 void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
   const auto& A = w_.layers[size_t(layer)].attn;
   auto& Ls = g.st->layers()[size_t(layer)];
+  auto& ws = c.ws;
   const int D = cfg_.head_dim, ID = cfg_.index_head_dim, rd = cfg_.rope_head_dim, r = cfg_.compress_ratio(layer);
   const int cap = g.st->comp_cap();
-  float* latent = sized(c.ws.tmp, size_t(D));
-  float* key = sized(c.ws.iq, size_t(ID));
-  float cs[256];
-  g.new_entries = 0;
-  auto emit = [&](int64_t j, float* lat) {
-    // Index keys come from the pre-RoPE latent, then the latent itself is rotated and FP4-QDQ'd.
-    float* k = key;
-    kern::linear_bf16(lat, 1, A.indexer.wk, k, true);
-    ref::rms_norm(k, A.indexer.k_norm.p, ID, cfg_.norm_eps, k);
-    ref::rope_apply(k + ID - rd, rd, rope_table(layer, j * r, cs), false);
-    act_qdq_fp4_e8m0(k, ID, 32);
-    std::copy(k, k + ID, Ls.index_keys.append());
-    ref::rope_apply(lat + D - rd, rd, cs, false);
-    act_qdq_fp4_e4m3(lat, D, 16);
-    std::copy(lat, lat + D, Ls.compressed_kv.append());
-    ++g.new_entries;
-  };
+  const int64_t end = g.start + g.S;
+  // Entries this call completes: j with its last token j * r + r - 1 in [start, end).
+  const int64_t first = g.start / r, count = end / r - first;
+  float* lat = sized(ws.comp_lat, size_t(std::max<int64_t>(count, 1)) * D);
   if (r == 1) {
-    for (int s = 0; s < g.S; ++s) {
-      kern::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, latent, true);
-      ref::rms_norm(latent, A.compressor.norm.p, D, cfg_.norm_eps, latent);
-      emit(g.start + s, latent);
-    }
-    return;
+    // One projection pass over all rows (per-row results are the same as row by row).
+    kern::linear_bf16(x, g.S, A.compressor.wkv, lat, true);
+  } else {
+    // Ratio > 1: fp32 projections of every token are kept in a ring; a group is pooled (per-channel
+    // softmax over its r tokens) when its last token arrives, whichever call that happens in. This
+    // call's projections come from one pass over its rows; older tokens from the ring.
+    float* proj = sized(ws.comp_proj, size_t(g.S) * 2 * D);
+    float* tmp = sized(ws.comp_key, size_t(g.S) * D);
+    kern::linear_bf16(x, g.S, A.compressor.wkv, tmp, false);
+    for (int s = 0; s < g.S; ++s) std::copy(tmp + size_t(s) * D, tmp + size_t(s + 1) * D, proj + size_t(s) * 2 * D);
+    kern::linear_bf16(x, g.S, A.compressor.wgate, tmp, false);
+    for (int s = 0; s < g.S; ++s) std::copy(tmp + size_t(s) * D, tmp + size_t(s + 1) * D, proj + size_t(s) * 2 * D + D);
+    auto input = [&](int64_t t) {
+      return t >= g.start ? proj + size_t(t - g.start) * 2 * D : Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
+    };
+    for_rows(count, [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e) {
+        const int64_t j = first + e;
+        float* latent = lat + size_t(e) * D;
+        for (int d = 0; d < D; ++d) {
+          float mx = -INFINITY;
+          for (int q = 0; q < r; ++q) mx = std::max(mx, input(j * r + q)[D + d]);
+          float ex[16], sum = 0.f;
+          for (int q = 0; q < r; ++q) sum += (ex[q] = std::exp(input(j * r + q)[D + d] - mx));
+          float acc = 0.f;
+          for (int q = 0; q < r; ++q) acc += input(j * r + q)[d] * (ex[q] / sum);
+          latent[d] = round_bf16(acc);
+        }
+      }
+    });
+    for (int64_t t = std::max<int64_t>(g.start, end - cap); t < end; ++t)
+      std::copy(input(t), input(t) + 2 * D, Ls.comp_inputs.data() + size_t(t % cap) * 2 * D);
   }
-  // Ratio > 1: fp32 projections of every token are kept in a ring; a group is pooled (per-channel
-  // softmax over its r tokens) when its last token arrives, whichever call that happens in.
-  for (int s = 0; s < g.S; ++s) {
-    const int64_t t = g.start + s;
-    float* slot = Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
-    kern::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wkv, slot, false);
-    kern::linear_bf16(x + size_t(s) * cfg_.dim, 1, A.compressor.wgate, slot + D, false);
-    if ((t + 1) % r != 0) continue;
-    const int64_t j = t / r;
-    for (int d = 0; d < D; ++d) {
-      float mx = -INFINITY;
-      for (int q = 0; q < r; ++q) mx = std::max(mx, Ls.comp_inputs[size_t((j * r + q) % cap) * 2 * D + D + d]);
-      float e[16], sum = 0.f;
-      for (int q = 0; q < r; ++q) sum += (e[q] = std::exp(Ls.comp_inputs[size_t((j * r + q) % cap) * 2 * D + D + d] - mx));
-      float acc = 0.f;
-      for (int q = 0; q < r; ++q) acc += Ls.comp_inputs[size_t((j * r + q) % cap) * 2 * D + d] * (e[q] / sum);
-      latent[d] = round_bf16(acc);
+  g.new_entries = int(count);
+  if (count == 0) return;
+  for_rows(count, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e) ref::rms_norm(lat + size_t(e) * D, A.compressor.norm.p, D, cfg_.norm_eps, lat + size_t(e) * D);
+  });
+  // Index keys come from the pre-RoPE latents, then the latents themselves are rotated and FP4-QDQ'd.
+  float* key = sized(ws.comp_key, size_t(count) * ID);
+  kern::linear_bf16(lat, count, A.indexer.wk, key, true);
+  for_rows(count, [&](int64_t e0, int64_t e1) {
+    float cs[256];
+    for (int64_t e = e0; e < e1; ++e) {
+      float* k = key + size_t(e) * ID;
+      float* l = lat + size_t(e) * D;
+      ref::rms_norm(k, A.indexer.k_norm.p, ID, cfg_.norm_eps, k);
+      ref::rope_apply(k + ID - rd, rd, rope_table(layer, (first + e) * r, cs), false);
+      act_qdq_fp4_e8m0(k, ID, 32);
+      ref::rope_apply(l + D - rd, rd, cs, false);
+      act_qdq_fp4_e4m3(l, D, 16);
     }
-    ref::rms_norm(latent, A.compressor.norm.p, D, cfg_.norm_eps, latent);
-    emit(j, latent);
+  });
+  for (int64_t e = 0; e < count; ++e) {
+    std::copy(key + size_t(e) * ID, key + size_t(e + 1) * ID, Ls.index_keys.append());
+    std::copy(lat + size_t(e) * D, lat + size_t(e + 1) * D, Ls.compressed_kv.append());
   }
 }
 
@@ -256,19 +275,25 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
 
   float* iq = sized(ws.iq, size_t(g.S) * IH * ID);
   float* iw = sized(ws.iw, size_t(g.S) * IH);
-  float cs[256];
   kern::linear_fp8(qr, g.S, I.wq_b, iq);
   kern::linear_bf16(x, g.S, I.weights_proj, iw, true);
   const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
-  for (int s = 0; s < g.S; ++s) {
-    rope_table(layer, g.start + s, cs);
-    for (int h = 0; h < IH; ++h) {
-      float* qh = iq + (size_t(s) * IH + h) * ID;
-      ref::rope_apply(qh + ID - rd, rd, cs, false);
-      act_qdq_fp4_e8m0(qh, ID, 32);
-      iw[s * IH + h] = round_bf16(iw[s * IH + h] * wscale);
+  // Rows, or at one row its heads, over the pool.
+  const int64_t q_parts = row_parts(g.S);
+  for_rows(g.S * q_parts, [&](int64_t i0, int64_t i1) {
+    float cs[256];
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t s = i / q_parts;
+      const int h0 = int(i % q_parts * IH / q_parts), h1 = int((i % q_parts + 1) * IH / q_parts);
+      rope_table(layer, g.start + s, cs);
+      for (int h = h0; h < h1; ++h) {
+        float* qh = iq + (size_t(s) * IH + h) * ID;
+        ref::rope_apply(qh + ID - rd, rd, cs, false);
+        act_qdq_fp4_e8m0(qh, ID, 32);
+        iw[s * IH + h] = round_bf16(iw[s * IH + h] * wscale);
+      }
     }
-  }
+  });
   float* score = sized(ws.scores, size_t(g.S) * width);
   const int64_t n_keys = std::min<int64_t>(width, keys.size());
   const float** key_rows = sized(ws.key_rows, size_t(n_keys));
@@ -328,14 +353,17 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
   g.topk_off = ws.topk_used;
   ws.topk_used += size_t(g.S) * k;
   int32_t* topk = sized(ws.topk, ws.topk_used) + g.topk_off;
-  for (int s = 0; s < g.S; ++s) {
-    int32_t* row = topk + size_t(s) * k;
-    topk_desc(score + size_t(s) * width, int(width), k, row, ws.order);
-    std::sort(row, row + k);
-    const int64_t visible = (g.start + s + 1) / r;
-    for (int t = 0; t < k; ++t)
-      if (row[t] >= visible) row[t] = -1;
-  }
+  for_rows(g.S, [&](int64_t s0, int64_t s1) {
+    thread_local std::vector<int32_t> order;
+    for (int64_t s = s0; s < s1; ++s) {
+      int32_t* row = topk + size_t(s) * k;
+      topk_desc(score + size_t(s) * width, int(width), k, row, order);
+      std::sort(row, row + k);
+      const int64_t visible = (g.start + s + 1) / r;
+      for (int t = 0; t < k; ++t)
+        if (row[t] >= visible) row[t] = -1;
+    }
+  });
   g.topk_k = k;
   if (c.opts.observer) c.opts.observer->on_index_topk(layer, g.start, g.S, k, topk, score, width);
 }
@@ -346,27 +374,29 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
   const int G = cfg_.o_groups, R = cfg_.o_lora_rank, ratio = cfg_.compress_ratio(layer), QL = cfg_.q_lora_rank;
   const int N = c.R;
-  float cs[256];
 
   // Row-wise projections over the whole batch.
   float* qr = sized(ws.qr, size_t(N) * QL);
   float* q = sized(ws.q, size_t(N) * H * D);
   kern::linear_fp8(x, N, A.wq_a, qr);
-  for (int s = 0; s < N; ++s) ref::rms_norm(qr + size_t(s) * QL, A.q_norm.p, QL, cfg_.norm_eps, qr + size_t(s) * QL);
+  for_rows(N, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) ref::rms_norm(qr + size_t(s) * QL, A.q_norm.p, QL, cfg_.norm_eps, qr + size_t(s) * QL);
+  });
   kern::linear_fp8(qr, N, A.wq_b, q);
   // Window KV: one latent per token (K = V), rotated, then FP8-QDQ'd over all of head_dim.
   float* kv = sized(ws.kv, size_t(N) * D);
   kern::linear_fp8(x, N, A.wkv, kv);
-  for (const Segment& g : c.segs)
-    for (int s = 0; s < g.S; ++s) {
-      const size_t row = size_t(g.row0 + s);
-      rope_table(layer, g.start + s, cs);
-      for (int h = 0; h < H; ++h) ref::rope_apply(q + (row * H + h) * D + D - rd, rd, cs, false);
-      float* kr = kv + row * D;
+  for_rows(N, [&](int64_t r0, int64_t r1) {
+    float cs_row[256];
+    for (int64_t row = r0; row < r1; ++row) {
+      rope_table(layer, ws.row_pos[size_t(row)], cs_row);
+      for (int h = 0; h < H; ++h) ref::rope_apply(q + (size_t(row) * H + h) * D + D - rd, rd, cs_row, false);
+      float* kr = kv + size_t(row) * D;
       ref::rms_norm(kr, A.kv_norm.p, D, cfg_.norm_eps, kr);
-      ref::rope_apply(kr + D - rd, rd, cs, false);
+      ref::rope_apply(kr + D - rd, rd, cs_row, false);
       act_qdq_fp8(kr, D, 32);
     }
+  });
 
   float* o = sized(ws.attn_out, size_t(N) * H * D);
   const float scale = float(std::pow(double(D), -0.5));
@@ -441,26 +471,30 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
   const float L = cfg_.swiglu_limit;
   // Router over all rows: fp32 sqrt(softplus) scores; the bias picks, the raw scores weigh.
   float* scores = sized(ws.scores, size_t(N) * E);
-  float* biased = sized(ws.block_scores, size_t(E));
   int32_t* ids = sized(ws.expert_ids, size_t(N) * K);
   float* wts = sized(ws.expert_w, size_t(N) * K);
   kern::linear_bf16(x, N, F.gate, scores, false);
-  for (int s = 0; s < N; ++s) {
-    float* sc = scores + size_t(s) * E;
-    for (int e = 0; e < E; ++e) {
-      sc[e] = std::sqrt(ref::softplus(sc[e]));
-      biased[e] = sc[e] + F.gate_bias.p[e];
+  for_rows(N, [&](int64_t s0, int64_t s1) {
+    thread_local std::vector<float> biased;
+    thread_local std::vector<int32_t> order;
+    biased.resize(size_t(E));
+    for (int64_t s = s0; s < s1; ++s) {
+      float* sc = scores + size_t(s) * E;
+      for (int e = 0; e < E; ++e) {
+        sc[e] = std::sqrt(ref::softplus(sc[e]));
+        biased[size_t(e)] = sc[e] + F.gate_bias.p[e];
+      }
+      int32_t* sel = ids + size_t(s) * K;
+      float* w = wts + size_t(s) * K;
+      topk_desc(biased.data(), E, K, sel, order);
+      float sum = 0.f;
+      for (int k = 0; k < K; ++k) sum += (w[k] = sc[sel[k]]);
+      for (int k = 0; k < K; ++k) {
+        if (cfg_.norm_topk_prob && K > 1) w[k] /= (sum + 1e-20f);
+        w[k] *= cfg_.route_scale;
+      }
     }
-    int32_t* sel = ids + size_t(s) * K;
-    float* w = wts + size_t(s) * K;
-    topk_desc(biased, E, K, sel, ws.order);
-    float sum = 0.f;
-    for (int k = 0; k < K; ++k) sum += (w[k] = sc[sel[k]]);
-    for (int k = 0; k < K; ++k) {
-      if (cfg_.norm_topk_prob && K > 1) w[k] /= (sum + 1e-20f);
-      w[k] *= cfg_.route_scale;
-    }
-  }
+  });
   if (c.opts.observer)
     for (const Segment& g : c.segs)
       c.opts.observer->on_experts(layer, g.start, g.S, K, ids + size_t(g.row0) * K, wts + size_t(g.row0) * K);
@@ -518,14 +552,20 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
       kern::linear_fp4(ga, m, X.w2, eo + size_t(m0) * dim);
     }
   });
-  for (int r = 0; r < m_total; ++r)
-    for (int d = 0; d < dim; ++d) acc[size_t(rows[r]) * dim + d] += eo[size_t(r) * dim + d];
+  // Each row adds its experts' outputs in slot (= expert-id) order, whichever thread owns the row.
+  for_rows(N, [&](int64_t s0, int64_t s1) {
+    for (int r = 0; r < m_total; ++r)
+      if (rows[r] >= s0 && rows[r] < s1)
+        for (int d = 0; d < dim; ++d) acc[size_t(rows[r]) * dim + d] += eo[size_t(r) * dim + d];
+  });
   // Shared expert over every row, added once, one bf16 rounding.
   kern::linear_fp8(x, N, F.shared.w1, g);
   kern::linear_fp8(x, N, F.shared.w3, u);
-  swiglu(g, u, N, nullptr);
+  for_rows(N, [&](int64_t s0, int64_t s1) { swiglu(g + s0 * I, u + s0 * I, int(s1 - s0), nullptr); });
   kern::linear_fp8(g, N, F.shared.w2, eo);
-  for (size_t i = 0; i < size_t(N) * dim; ++i) out[i] = round_bf16(acc[i] + eo[i]);
+  for_rows(N, [&](int64_t s0, int64_t s1) {
+    for (size_t i = size_t(s0) * dim; i < size_t(s1) * dim; ++i) out[i] = round_bf16(acc[i] + eo[i]);
+  });
 }
 
 void Model::block(int layer, Ctx& c) const {
@@ -542,28 +582,33 @@ void Model::block(int layer, Ctx& c) const {
   const size_t n_stream = size_t(S) * hc * dim;
 
   // Attention: collapses with the incoming pre_mix; its own `pre` is used by the FFN.
+  // Per-row steps run over the pool's rows (each row's bits are its own).
+  auto collapse_norm = [&](const float* mix, const Bf16Vec& norm) {
+    for_rows(S, [&](int64_t s0, int64_t s1) {
+      for (int64_t s = s0; s < s1; ++s) {
+        kern::hc_collapse(c.stream + size_t(s) * hc * dim, mix + s * hc, hc, dim, x + size_t(s) * dim);
+        ref::rms_norm(x + size_t(s) * dim, norm.p, dim, cfg_.norm_eps, x + size_t(s) * dim);
+      }
+    });
+  };
+  auto expand = [&] {
+    for_rows(S, [&](int64_t s0, int64_t s1) {
+      for (int64_t s = s0; s < s1; ++s)
+        kern::hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
+                        next + size_t(s) * hc * dim);
+    });
+    std::copy(next, next + n_stream, c.stream);
+  };
   hc_mixes(L.hc_attn, c.stream, S, attn_pre, post, comb, ws);
-  for (int s = 0; s < S; ++s) {
-    kern::hc_collapse(c.stream + size_t(s) * hc * dim, c.pre_mix + s * hc, hc, dim, x + size_t(s) * dim);
-    ref::rms_norm(x + size_t(s) * dim, L.attn_norm.p, dim, cfg_.norm_eps, x + size_t(s) * dim);
-  }
+  collapse_norm(c.pre_mix, L.attn_norm);
   attention(layer, c, x, f);
-  for (int s = 0; s < S; ++s)
-    kern::hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
-                    next + size_t(s) * hc * dim);
-  std::copy(next, next + n_stream, c.stream);
+  expand();
 
   // FFN: collapses with the attention's pre; its own pre goes to the next block.
   hc_mixes(L.hc_ffn, c.stream, S, ffn_pre, post, comb, ws);
-  for (int s = 0; s < S; ++s) {
-    kern::hc_collapse(c.stream + size_t(s) * hc * dim, attn_pre + s * hc, hc, dim, x + size_t(s) * dim);
-    ref::rms_norm(x + size_t(s) * dim, L.ffn_norm.p, dim, cfg_.norm_eps, x + size_t(s) * dim);
-  }
+  collapse_norm(attn_pre, L.ffn_norm);
   moe(layer, c, x, f);
-  for (int s = 0; s < S; ++s)
-    kern::hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
-                    next + size_t(s) * hc * dim);
-  std::copy(next, next + n_stream, c.stream);
+  expand();
   std::copy(ffn_pre, ffn_pre + size_t(S) * hc, c.pre_mix);
 }
 
@@ -576,6 +621,9 @@ void Model::run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens)
   ws.topk_used = ws.candidate_mask_used = 0;
   float* stream = sized(ws.stream, size_t(R) * hc * dim);
   float* pre_mix = sized(ws.pre_mix, size_t(R) * hc);
+  int64_t* row_pos = sized(ws.row_pos, size_t(R));
+  for (const Segment& g : segs)
+    for (int s = 0; s < g.S; ++s) row_pos[g.row0 + s] = g.start + s;
 
   if (engram_.n_layers() > 0) {
     // Hash ids depend on token ids only: compute them for every Engram layer up front.
