@@ -31,7 +31,7 @@ TEST(ThreadPool, CoversRangeOnceInGrainMultiples) {
           calls++;
         });
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
-        EXPECT_LE(calls.load(), 8 * threads);
+        EXPECT_LE(calls.load(), 4 * threads);
       }
   }
 }
@@ -52,7 +52,7 @@ TEST(ThreadPool, UsesAllThreadsOnFixedChunks) {
       used[size_t(t)] = 1;
     });
     std::sort(ranges.begin(), ranges.end());
-    EXPECT_EQ(ranges.size(), 24u);  // 8 chunks per thread
+    EXPECT_EQ(ranges.size(), 12u);  // 4 chunks per thread
     EXPECT_EQ(used, std::vector<int>({1, 1, 1}));
     if (call == 0) first_ranges = ranges;
     EXPECT_EQ(ranges, first_ranges);

@@ -25,7 +25,7 @@ constexpr int kSpinIters = 1 << 14;
 // Chunks per thread of each job, claimed dynamically: a thread that finishes early (its memory
 // traffic served faster, or the other one preempted on a shared machine) takes more chunks
 // instead of waiting. Few enough that claiming (one shared atomic) costs nothing measurable.
-constexpr int64_t kChunksPerThread = 8;
+constexpr int64_t kChunksPerThread = 4;
 thread_local bool t_inside_pool = false;
 }  // namespace
 

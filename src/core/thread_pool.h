@@ -42,7 +42,7 @@ class ThreadPool {
 
   int size() const;
   // fn(begin, end, thread_index) for disjoint ranges covering [0, n); ranges are multiples of
-  // `grain` except the last; thread_index < size(); at most 8 x size() calls. Empty ranges are
+  // `grain` except the last; thread_index < size(); at most 4 x size() calls. Empty ranges are
   // not called. Returns when all ranges are done. Exceptions thrown by fn terminate (kernels do not throw).
   void parallel_for(int64_t n, int64_t grain, RangeFn fn);
 
