@@ -278,15 +278,11 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
   kern::linear_fp8(qr, g.S, I.wq_b, iq);
   kern::linear_bf16(x, g.S, I.weights_proj, iw, true);
   const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
-  // Rows, or at one row its heads, over the pool.
-  const int64_t q_parts = row_parts(g.S);
-  for_rows(g.S * q_parts, [&](int64_t i0, int64_t i1) {
+  for_rows(g.S, [&](int64_t s0, int64_t s1) {
     float cs[256];
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t s = i / q_parts;
-      const int h0 = int(i % q_parts * IH / q_parts), h1 = int((i % q_parts + 1) * IH / q_parts);
+    for (int64_t s = s0; s < s1; ++s) {
       rope_table(layer, g.start + s, cs);
-      for (int h = h0; h < h1; ++h) {
+      for (int h = 0; h < IH; ++h) {
         float* qh = iq + (size_t(s) * IH + h) * ID;
         ref::rope_apply(qh + ID - rd, rd, cs, false);
         act_qdq_fp4_e8m0(qh, ID, 32);
