@@ -46,6 +46,17 @@ void topk_desc(const float* score, int n, int k, int32_t* out, std::vector<int32
   std::copy(order.begin(), order.begin() + k, out);
 }
 
+// The same k indices as topk_desc, in ascending index order: a linear-time selection (the rule is
+// a strict total order, so the set is unique) where the caller needs the set, not the ranking.
+void topk_set(const float* score, int n, int k, int32_t* out, std::vector<int32_t>& order) {
+  order.resize(size_t(n));
+  std::iota(order.begin(), order.end(), 0);
+  auto better = [score](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+  if (k < n) std::nth_element(order.begin(), order.begin() + k, order.end(), better);
+  std::copy(order.begin(), order.begin() + k, out);
+  std::sort(out, out + k);
+}
+
 // Runs fn(begin, end) over [0, n) on the kernels' pool (inline without one). Used for per-query
 // work (attention, index scoring) whose results do not depend on the split.
 template <class F>
@@ -327,7 +338,7 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
         for (int64_t u = b * bs; u < std::min(width, (b + 1) * bs); ++u) mx = std::max(mx, sc[u]);
         bscore[b] = b == last ? INFINITY : mx;
       }
-      topk_desc(bscore, int(nb), keep_n, top, ws.order);
+      topk_set(bscore, int(nb), keep_n, top, ws.order);
       std::fill(mask + size_t(s) * width, mask + size_t(s + 1) * width, uint8_t(0));
       for (int t = 0; t < keep_n; ++t) {
         if (!(bscore[top[t]] > -INFINITY)) continue;
@@ -353,8 +364,7 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
     thread_local std::vector<int32_t> order;
     for (int64_t s = s0; s < s1; ++s) {
       int32_t* row = topk + size_t(s) * k;
-      topk_desc(score + size_t(s) * width, int(width), k, row, order);
-      std::sort(row, row + k);
+      topk_set(score + size_t(s) * width, int(width), k, row, order);
       const int64_t visible = (g.start + s + 1) / r;
       for (int t = 0; t < k; ++t)
         if (row[t] >= visible) row[t] = -1;
