@@ -1374,31 +1374,53 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
 
 // The indexer's dots in fp64 with 8 lanes (q widened once per call, each key once): the products
 // of FP4-quantized q and k have a few significant bits and their sum is exact in fp64 in any order,
-// so this gives the reference's bits; the per-head epilogue is the reference's scalar code.
+// so this gives the reference's bits; the per-head epilogue is the reference's scalar code. Keys
+// go 4 at a time: 8 independent FMA chains per head instead of 2 (one key's dot was latency-bound).
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
+  constexpr int KB = 4;
   thread_local std::vector<double> qs, ks;
   if (qs.size() < size_t(n_heads) * d) qs.resize(size_t(n_heads) * d);
-  if (ks.size() < size_t(d)) ks.resize(size_t(d));
+  if (ks.size() < size_t(KB) * d) ks.resize(size_t(KB) * d);
   double* qd = qs.data();
-  double* kd = ks.data();
   widen_x(q, int64_t(n_heads) * d, qd);
-  for (int64_t u = 0; u < n; ++u) {
-    const float* k = keys[u];
-    for (int i = 0; i < d; i += 8) _mm512_storeu_pd(kd + i, _mm512_cvtps_pd(_mm256_loadu_ps(k + i)));
-    float acc = 0.f;
+  for (int64_t u0 = 0; u0 < n; u0 += KB) {
+    const int nk = int(std::min<int64_t>(KB, n - u0));
+    const double* kd[KB];
+    for (int b = 0; b < KB; ++b) {
+      double* dst = ks.data() + size_t(b) * d;
+      kd[b] = dst;
+      if (b < nk)
+        for (int i = 0; i < d; i += 8) _mm512_storeu_pd(dst + i, _mm512_cvtps_pd(_mm256_loadu_ps(keys[u0 + b] + i)));
+      else
+        std::fill(dst, dst + d, 0.0);  // padding lanes: computed, never stored
+    }
+    float acc[KB] = {0.f, 0.f, 0.f, 0.f};
     for (int h = 0; h < n_heads; ++h) {
       const double* qh = qd + size_t(h) * d;
-      __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+      __m512d a[KB][2];
+#pragma GCC unroll 4
+      for (int b = 0; b < KB; ++b) a[b][0] = a[b][1] = _mm512_setzero_pd();
       int i = 0;
       for (; i + 16 <= d; i += 16) {
-        a0 = _mm512_fmadd_pd(_mm512_loadu_pd(qh + i), _mm512_loadu_pd(kd + i), a0);
-        a1 = _mm512_fmadd_pd(_mm512_loadu_pd(qh + i + 8), _mm512_loadu_pd(kd + i + 8), a1);
+        const __m512d q0 = _mm512_loadu_pd(qh + i), q1 = _mm512_loadu_pd(qh + i + 8);
+#pragma GCC unroll 4
+        for (int b = 0; b < KB; ++b) {
+          a[b][0] = _mm512_fmadd_pd(q0, _mm512_loadu_pd(kd[b] + i), a[b][0]);
+          a[b][1] = _mm512_fmadd_pd(q1, _mm512_loadu_pd(kd[b] + i + 8), a[b][1]);
+        }
       }
-      if (i < d) a0 = _mm512_fmadd_pd(_mm512_loadu_pd(qh + i), _mm512_loadu_pd(kd + i), a0);
-      const float v = std::max(round_bf16(float(_mm512_reduce_add_pd(_mm512_add_pd(a0, a1)))), 0.f);
-      acc += round_bf16(v * w[h]);
+      if (i < d) {
+        const __m512d q0 = _mm512_loadu_pd(qh + i);
+#pragma GCC unroll 4
+        for (int b = 0; b < KB; ++b) a[b][0] = _mm512_fmadd_pd(q0, _mm512_loadu_pd(kd[b] + i), a[b][0]);
+      }
+#pragma GCC unroll 4
+      for (int b = 0; b < KB; ++b) {
+        const float v = std::max(round_bf16(float(_mm512_reduce_add_pd(_mm512_add_pd(a[b][0], a[b][1])))), 0.f);
+        acc[b] += round_bf16(v * w[h]);
+      }
     }
-    out[u] = round_bf16(acc);
+    for (int b = 0; b < nk; ++b) out[u0 + b] = round_bf16(acc[b]);
   }
 }
 
