@@ -989,6 +989,19 @@ inline __m512d widen_sum(__m512 v) {
   return _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
 }
 
+// The certificate of both certified wo_a kernels: sum is an fp32 dot product of exact products,
+// tracked the sum of the magnitudes of its rounded partial results, abs_sum = sum |x x scale| (so
+// sum |products| <= 448 abs_sum), mag the magnitude the fp64 arithmetic on sum works at. 1.01
+// covers the fp32 sums of |A_i| and |x x scale|; 2^-45 mag the fp64 reductions and sum +- bound.
+// True, with the bf16 in *out, when every value within the bound rounds to that one bf16.
+inline bool certify_bf16(double sum, double tracked, double abs_sum, double mag, float* out) {
+  const double bound = 0x1p-24 * 1.01 * (2 * tracked + 448 * abs_sum) + 0x1p-45 * mag;
+  const float lo = round_bf16(float(sum - bound)), hi = round_bf16(float(sum + bound));
+  if (!std::isfinite(sum) || !std::isfinite(bound) || f32_bits(lo) != f32_bits(hi)) return false;
+  *out = lo;
+  return true;
+}
+
 // NR weight rows against M rows of x x scale: the fp32 dot products and, beside each accumulator,
 // the running sum of its magnitudes after every step. Compile-time M and NR, fully unrolled, keep
 // all of it in registers (arrays indexed at run time were spilled to the stack); several weight
@@ -1162,23 +1175,11 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
           double abs_sum = 0;  // sum |x x scale| of this row and group
           if (fast)
             for (int64_t kb = 0; kb < nkb; ++kb) abs_sum += double(abs_blocks[row * nkb + kb]) * e8[srow[kb]];
-          int handed_cols[32], n_handed = 0;
           for (int64_t i = 0; i < nvalid; ++i) {
-            if (fast) {
-              const double sum = acc[r * kPanel + i], tracked = track[r * kPanel + i];
-              // As fp8_dequant_certified: 1.01 covers the fp32 sums of |A_i| and |x x scale|;
-              // 2^-45 |sum| the fp64 arithmetic of sum +- bound.
-              const double bound = 0x1p-24 * 1.01 * (2 * tracked + 448 * abs_sum) + 0x1p-45 * std::fabs(sum);
-              const float lo = round_bf16(float(sum - bound)), hi = round_bf16(float(sum + bound));
-              if (std::isfinite(sum) && std::isfinite(bound) && f32_bits(lo) == f32_bits(hi)) {
-                y[row * N + n0 + i] = lo;
-                continue;
-              }
-            }
-            handed_cols[n_handed++] = int(i);
+            const double sum = acc[r * kPanel + i];
+            if (fast && certify_bf16(sum, track[r * kPanel + i], abs_sum, std::fabs(sum), &y[row * N + n0 + i])) ++settled;
+            else handed_list.push_back({row, int(i)});
           }
-          settled += nvalid - n_handed;
-          for (int q = 0; q < n_handed; ++q) handed_list.push_back({row, handed_cols[q]});
         }
       }
       // The group's hand-overs, four (row, column) pairs at a time: independent fp64 chains
@@ -1288,12 +1289,7 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
                 const double sum = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(a0), widen_sum(a1)));
                 const double mag = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(_mm512_abs_ps(a0)), widen_sum(_mm512_abs_ps(a1))));
                 const double tracked = _mm512_reduce_add_pd(_mm512_add_pd(widen_sum(track[i][r][0]), widen_sum(track[i][r][1])));
-                // 1.01: the fp32 sums of |A_i| and |x x scale| are themselves low by < K 2^-24 relative;
-                // 2^-45 mag: the fp64 reduction of the lanes and of sum +- bound.
-                const double bound = 0x1p-24 * 1.01 * (2 * tracked + 448 * abs_sum[r]) + 0x1p-45 * mag;
-                const float lo = round_bf16(float(sum - bound)), hi = round_bf16(float(sum + bound));
-                if (std::isfinite(sum) && f32_bits(lo) == f32_bits(hi)) {
-                  y[row * N + n] = lo;
+                if (certify_bf16(sum, tracked, abs_sum[r], mag, &y[row * N + n])) {
                   ++settled;
                   continue;
                 }

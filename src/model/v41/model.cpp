@@ -210,32 +210,35 @@ void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
     // Ratio > 1: fp32 projections of every token are kept in a ring; a group is pooled (per-channel
     // softmax over its r tokens) when its last token arrives, whichever call that happens in. This
     // call's projections come from one pass over its rows; older tokens from the ring.
-    float* proj = sized(ws.comp_proj, size_t(g.S) * 2 * D);
-    float* tmp = sized(ws.comp_key, size_t(g.S) * D);
-    kern::linear_bf16(x, g.S, A.compressor.wkv, tmp, false);
-    for (int s = 0; s < g.S; ++s) std::copy(tmp + size_t(s) * D, tmp + size_t(s + 1) * D, proj + size_t(s) * 2 * D);
-    kern::linear_bf16(x, g.S, A.compressor.wgate, tmp, false);
-    for (int s = 0; s < g.S; ++s) std::copy(tmp + size_t(s) * D, tmp + size_t(s + 1) * D, proj + size_t(s) * 2 * D + D);
-    auto input = [&](int64_t t) {
-      return t >= g.start ? proj + size_t(t - g.start) * 2 * D : Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
+    float* kv_new = sized(ws.comp_proj, size_t(g.S) * 2 * D);
+    float* gate_new = kv_new + size_t(g.S) * D;
+    kern::linear_bf16(x, g.S, A.compressor.wkv, kv_new, false);
+    kern::linear_bf16(x, g.S, A.compressor.wgate, gate_new, false);
+    // Token t's projection (kv; its score D floats further on in a ring slot, S x D further here).
+    auto kv_of = [&](int64_t t) {
+      return t >= g.start ? kv_new + size_t(t - g.start) * D : Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
     };
+    auto gate_of = [&](int64_t t) { return t >= g.start ? gate_new + size_t(t - g.start) * D : kv_of(t) + D; };
     for_rows(count, [&](int64_t e0, int64_t e1) {
       for (int64_t e = e0; e < e1; ++e) {
         const int64_t j = first + e;
         float* latent = lat + size_t(e) * D;
         for (int d = 0; d < D; ++d) {
           float mx = -INFINITY;
-          for (int q = 0; q < r; ++q) mx = std::max(mx, input(j * r + q)[D + d]);
+          for (int q = 0; q < r; ++q) mx = std::max(mx, gate_of(j * r + q)[d]);
           float ex[16], sum = 0.f;
-          for (int q = 0; q < r; ++q) sum += (ex[q] = std::exp(input(j * r + q)[D + d] - mx));
+          for (int q = 0; q < r; ++q) sum += (ex[q] = std::exp(gate_of(j * r + q)[d] - mx));
           float acc = 0.f;
-          for (int q = 0; q < r; ++q) acc += input(j * r + q)[d] * (ex[q] / sum);
+          for (int q = 0; q < r; ++q) acc += kv_of(j * r + q)[d] * (ex[q] / sum);
           latent[d] = round_bf16(acc);
         }
       }
     });
-    for (int64_t t = std::max<int64_t>(g.start, end - cap); t < end; ++t)
-      std::copy(input(t), input(t) + 2 * D, Ls.comp_inputs.data() + size_t(t % cap) * 2 * D);
+    for (int64_t t = std::max<int64_t>(g.start, end - cap); t < end; ++t) {
+      float* slot = Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
+      std::copy(kv_of(t), kv_of(t) + D, slot);
+      std::copy(gate_of(t), gate_of(t) + D, slot + D);
+    }
   }
   g.new_entries = int(count);
   if (count == 0) return;
