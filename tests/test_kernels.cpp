@@ -532,19 +532,29 @@ TEST(Kernels, HcCollapseExpand) {
 TEST(Kernels, SparseAttention) {
   IsaGuard guard;
   std::mt19937 g(21);
+  // Which entries are -1: anywhere at random; as in a decode list (a partly filled window, then
+  // a few visible compressed entries and whole chunks of -1); none live; the first chunk all -1.
+  enum Skips { kRandom, kDecodeList, kAllSkipped, kFirstChunkSkipped };
   struct A {
     int h, d;
     int64_t rows;
+    Skips skips = kRandom;
   };
-  for (const A& a : {A{1, 8, 1}, A{3, 13, 5}, A{8, 64, 64}, A{9, 32, 65}, A{16, 128, 130}, A{4, 512, 200}, A{2, 16, 0}}) {
+  for (const A& a : {A{1, 8, 1}, A{3, 13, 5}, A{8, 64, 64}, A{9, 32, 65}, A{16, 128, 130}, A{4, 512, 200}, A{2, 16, 0},
+                     A{16, 512, 640, kDecodeList}, A{5, 40, 300, kDecodeList}, A{3, 24, 130, kAllSkipped},
+                     A{4, 64, 200, kFirstChunkSkipped}}) {
     const auto q = random_floats(g, int64_t(a.h) * a.d, true);
     std::vector<std::vector<float>> store;
     std::vector<const float*> rows(size_t(a.rows));
     for (int64_t j = 0; j < a.rows; ++j) {
       store.push_back(random_floats(g, a.d, true));
-      rows[size_t(j)] = g() % 5 == 0 ? nullptr : store.back().data();  // -1 entries anywhere
+      bool skip = g() % 5 == 0;
+      if (a.skips == kDecodeList) skip = (j >= 37 && j < 128) || j >= 128 + 45;
+      if (a.skips == kAllSkipped) skip = true;
+      if (a.skips == kFirstChunkSkipped) skip = j < 64 || g() % 7 == 0;
+      rows[size_t(j)] = skip ? nullptr : store.back().data();
     }
-    if (a.rows > 70) std::fill(rows.begin() + 64, rows.begin() + 70, nullptr);
+    if (a.skips == kRandom && a.rows > 70) std::fill(rows.begin() + 64, rows.begin() + 70, nullptr);
     std::vector<float> sink(size_t(a.h));
     for (auto& s : sink) s = std::normal_distribution<float>()(g);
     const float scale = 1.f / std::sqrt(float(a.d));

@@ -1476,11 +1476,20 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
   widen_x(q, int64_t(H) * d, qd.data());  // widened once, broadcast from memory
   for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
     const int64_t c1 = std::min(n_rows, c0 + kChunk);
+    // Only the chunk's live rows are scored: a skipped (-1) entry's probability is exp(-inf) = 0,
+    // which leaves the chunk max, the fp64 psum and P.V exactly as they were, and a chunk with no
+    // live row rescales by exp(0) = 1 and adds zeros, so it is skipped whole. Same bits, while
+    // early positions (short windows, few compressed entries visible) do far less work.
+    const float* rows[kChunk];
+    int live = 0;
+    for (int64_t j = c0; j < c1; ++j)
+      if (kv_rows[j]) rows[live++] = kv_rows[j];
+    if (live == 0) continue;
     // Scores: 8 rows per lane group, each lane a sequential fp64 dot over d (the reference's order).
-    for (int64_t g0 = c0; g0 < c1; g0 += 8) {
-      const int ng = int(std::min<int64_t>(8, c1 - g0));
+    for (int g0 = 0; g0 < live; g0 += 8) {
+      const int ng = std::min(8, live - g0);
       const float* rw[8];
-      for (int l = 0; l < 8; ++l) rw[l] = l < ng && kv_rows[g0 + l] ? kv_rows[g0 + l] : zero_row.data();
+      for (int l = 0; l < 8; ++l) rw[l] = l < ng ? rows[g0 + l] : zero_row.data();
       // The 8 rows transposed into kt[i][row] in fp64, 8 x 8 floats per in-register transpose.
       int i = 0;
       for (; i + 8 <= d; i += 8) {
@@ -1523,31 +1532,24 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
         for (int hh = 0; hh < nh; ++hh) {
           alignas(64) double dots[8];
           _mm512_storeu_pd(dots, a[hh]);
-          for (int l = 0; l < ng; ++l)
-            score[size_t(h0 + hh) * kChunk + size_t(g0 - c0 + l)] =
-                kv_rows[g0 + l] ? float(dots[l]) * softmax_scale : -INFINITY;
+          for (int l = 0; l < ng; ++l) score[size_t(h0 + hh) * kChunk + size_t(g0 + l)] = float(dots[l]) * softmax_scale;
         }
       }
     }
     // Probabilities of every head first (libm expf and the per-head fp64 psum of the reference),
     // then P.V for blocks of heads, so each widened kv vector feeds several heads.
-    const float* rows[kChunk];
-    int live = 0;
-    for (int64_t j = c0; j < c1; ++j)
-      if (kv_rows[j]) rows[live++] = kv_rows[j];
     for (int h = 0; h < H; ++h) {
       const float* sc = score.data() + size_t(h) * kChunk;
       float chunk_max = -INFINITY;
-      for (int64_t j = 0; j < c1 - c0; ++j) chunk_max = std::max(chunk_max, sc[j]);
+      for (int l = 0; l < live; ++l) chunk_max = std::max(chunk_max, sc[l]);
       const float new_max = std::max(running_max[size_t(h)], chunk_max);
       rescale[size_t(h)] = std::exp(running_max[size_t(h)] - new_max);
       double psum = 0;
       double* pbh = pb.data() + size_t(h) * kChunk;
-      int l = 0;
-      for (int64_t j = c0; j < c1; ++j) {
-        const float p = std::exp(sc[j - c0] - new_max);
+      for (int l = 0; l < live; ++l) {
+        const float p = std::exp(sc[l] - new_max);
         psum += p;
-        if (kv_rows[j]) pbh[l++] = double(round_bf16(p));
+        pbh[l] = double(round_bf16(p));
       }
       denom[size_t(h)] = denom[size_t(h)] * rescale[size_t(h)] + float(psum);
       running_max[size_t(h)] = new_max;

@@ -69,6 +69,23 @@ void for_rows(int64_t n, F&& fn) {
   pool->parallel_for(n, 1, [&](int64_t b, int64_t e, int) { fn(b, e); });
 }
 
+// Independent linears of a step with few rows (decode) run as concurrent tasks, each on one
+// thread: a matrix of a few hundred KB split over both threads costs more in the split than it
+// saves, while two of them streamed side by side use both cores' bandwidth. With more rows each
+// task is a GEMM worth splitting, and they run one after the other. The kernels give the same
+// bits on any number of threads, so either way the results are identical.
+constexpr int kTaskParallelRows = 8;
+template <class F>
+void for_tasks(int64_t rows, int n, F&& task) {
+  if (rows > kTaskParallelRows) {
+    for (int i = 0; i < n; ++i) task(i);
+    return;
+  }
+  for_rows(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) task(int(i));
+  });
+}
+
 // How many parts to cut each of S rows into so that every thread of the pool gets work: the
 // pool size when the rows alone are too few (decode), else 1.
 int64_t row_parts(int64_t S) {
@@ -387,14 +404,13 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   // Row-wise projections over the whole batch.
   float* qr = sized(ws.qr, size_t(N) * QL);
   float* q = sized(ws.q, size_t(N) * H * D);
-  kern::linear_fp8(x, N, A.wq_a, qr);
+  float* kv = sized(ws.kv, size_t(N) * D);
+  for_tasks(N, 2, [&](int i) { kern::linear_fp8(x, N, i == 0 ? A.wq_a : A.wkv, i == 0 ? qr : kv); });
   for_rows(N, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) ref::rms_norm(qr + size_t(s) * QL, A.q_norm.p, QL, cfg_.norm_eps, qr + size_t(s) * QL);
   });
   kern::linear_fp8(qr, N, A.wq_b, q);
   // Window KV: one latent per token (K = V), rotated, then FP8-QDQ'd over all of head_dim.
-  float* kv = sized(ws.kv, size_t(N) * D);
-  kern::linear_fp8(x, N, A.wkv, kv);
   for_rows(N, [&](int64_t r0, int64_t r1) {
     float cs_row[256];
     for (int64_t row = r0; row < r1; ++row) {
@@ -409,49 +425,59 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
 
   float* o = sized(ws.attn_out, size_t(N) * H * D);
   const float scale = float(std::pow(double(D), -0.5));
+  // Compressed KV and index selections of every sequence first, so the attention below is one
+  // parallel loop over the whole batch (one pool job per layer, not one per sequence).
   for (Segment& g : c.segs) {
+    if (!ratio) continue;
     const float* gx = x + size_t(g.row0) * cfg_.dim;
-    const float* gkv = kv + size_t(g.row0) * D;
-    if (ratio) {
-      if (A.has_compressor) {
-        if (!g.replay) compress(layer, c, g, gx);
-        g.kv_source = layer;
-      }
-      if (A.has_indexer) index_select(layer, c, g, gx, qr + size_t(g.row0) * QL);
+    if (A.has_compressor) {
+      if (!g.replay) compress(layer, c, g, gx);
+      g.kv_source = layer;
     }
+    if (A.has_indexer) index_select(layer, c, g, gx, qr + size_t(g.row0) * QL);
+  }
+  int32_t* seg_of_row = sized(ws.row_segment, size_t(N));
+  for (size_t gi = 0; gi < c.segs.size(); ++gi)
+    std::fill(seg_of_row + c.segs[gi].row0, seg_of_row + c.segs[gi].row0 + c.segs[gi].S, int32_t(gi));
+  // Work items: (row, group of heads); with fewer rows than threads (decode of one sequence) the
+  // heads are split too (heads are independent: the same bits for any split).
+  const int64_t parts = row_parts(N);
+  for_rows(N * parts, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<const float*> rows;
+    float cs_local[256];
+    for (int64_t i = i0; i < i1; ++i) {
+      const Segment& g = c.segs[size_t(seg_of_row[i / parts])];
+      const int64_t s = i / parts - g.row0;
+      const int h0 = int(i % parts * H / parts), h1 = int((i % parts + 1) * H / parts);
+      const int64_t t = g.start + s;
+      const float* gkv = kv + size_t(g.row0) * D;
+      const auto& Ls = g.st->layers()[size_t(layer)];
+      const int cap = g.st->window_cap();
+      const RowCache* ckv = (ratio && g.kv_source >= 0) ? &g.st->layers()[size_t(g.kv_source)].compressed_kv : nullptr;
+      const int k = ratio ? g.topk_k : 0;
+      const int32_t* topk = ws.topk.data() + g.topk_off;
+      rows.resize(size_t(W + k));
+      // Canonical list for position t: window positions ascending, padded to `window` with -1,
+      // then the selected compressed entries. It depends on t only, so chunking cannot change it.
+      int n = 0;
+      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
+        rows[size_t(n++)] = p >= g.start ? gkv + size_t(p - g.start) * D : Ls.window.data() + size_t(p % cap) * D;
+      while (n < W) rows[size_t(n++)] = nullptr;
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = topk[size_t(s) * k + size_t(j)];
+        rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
+      }
+      float* os = o + size_t(g.row0 + s) * H * D;
+      kern::sparse_attention(q + (size_t(g.row0 + s) * H + h0) * D, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale,
+                             os + size_t(h0) * D);
+      rope_table(layer, t, cs_local);
+      for (int h = h0; h < h1; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs_local, true);
+    }
+  });
+  for (Segment& g : c.segs) {
+    const float* gkv = kv + size_t(g.row0) * D;
     auto& Ls = g.st->layers()[size_t(layer)];
     const int cap = g.st->window_cap();
-    const RowCache* ckv = (ratio && g.kv_source >= 0) ? &g.st->layers()[size_t(g.kv_source)].compressed_kv : nullptr;
-    const int k = ratio ? g.topk_k : 0;
-    const int32_t* topk = ws.topk.data() + g.topk_off;
-    // Work items: (row, group of heads); decode has one row, so its heads are split instead
-    // (heads are independent: the same bits for any split).
-    const int64_t parts = row_parts(g.S);
-    for_rows(g.S * parts, [&](int64_t i0, int64_t i1) {
-      thread_local std::vector<const float*> rows;
-      rows.resize(size_t(W + k));
-      float cs_local[256];
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t s = i / parts;
-        const int h0 = int(i % parts * H / parts), h1 = int((i % parts + 1) * H / parts);
-        const int64_t t = g.start + s;
-        // Canonical list for position t: window positions ascending, padded to `window` with -1,
-        // then the selected compressed entries. It depends on t only, so chunking cannot change it.
-        int n = 0;
-        for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
-          rows[size_t(n++)] = p >= g.start ? gkv + size_t(p - g.start) * D : Ls.window.data() + size_t(p % cap) * D;
-        while (n < W) rows[size_t(n++)] = nullptr;
-        for (int j = 0; j < k; ++j) {
-          const int32_t e = topk[size_t(s) * k + size_t(j)];
-          rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
-        }
-        float* os = o + size_t(g.row0 + s) * H * D;
-        kern::sparse_attention(q + (size_t(g.row0 + s) * H + h0) * D, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale,
-                               os + size_t(h0) * D);
-        rope_table(layer, t, cs_local);
-        for (int h = h0; h < h1; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs_local, true);
-      }
-    });
     for (int64_t p = std::max<int64_t>(g.start, g.start + g.S - cap); p < g.start + g.S; ++p)
       std::copy(gkv + size_t(p - g.start) * D, gkv + size_t(p - g.start + 1) * D, Ls.window.data() + size_t(p % cap) * D);
   }
@@ -459,16 +485,18 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   // Grouped low-rank output: group g projects only its own heads (block-diagonal wo_a).
   const int gin = H * D / G;
   float* z = sized(ws.y, size_t(N) * G * R);
-  float* gxs = sized(ws.tmp, size_t(N) * gin);
-  float* gz = sized(ws.mix, size_t(N) * R);
+  float* gxs = sized(ws.tmp, size_t(G) * N * gin);
+  float* gzs = sized(ws.mix, size_t(G) * N * R);
   const int64_t nkb = (A.wo_a.in + 31) / 32;
-  for (int gi = 0; gi < G; ++gi) {
+  for_tasks(N, G, [&](int gi) {
+    float* gx = gxs + size_t(gi) * N * gin;
+    float* gz = gzs + size_t(gi) * N * R;
     for (int s = 0; s < N; ++s)
-      std::copy(o + size_t(s) * H * D + size_t(gi) * gin, o + size_t(s) * H * D + size_t(gi + 1) * gin, gxs + size_t(s) * gin);
+      std::copy(o + size_t(s) * H * D + size_t(gi) * gin, o + size_t(s) * H * D + size_t(gi + 1) * gin, gx + size_t(s) * gin);
     const ref::Fp8Weight wg{A.wo_a.w + int64_t(gi) * R * A.wo_a.in, A.wo_a.scale + int64_t(gi) * R / 32 * nkb, R, A.wo_a.in};
-    kern::linear_fp8_dequant(gxs, N, wg, gz);
+    kern::linear_fp8_dequant(gx, N, wg, gz);
     for (int s = 0; s < N; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(gi) * R);
-  }
+  });
   kern::linear_fp8(z, N, A.wo_b, out);
 }
 
@@ -530,9 +558,10 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
   int32_t* rows = sized(ws.slots, slots);  // expert-major: the rows of each active expert
   float* rw = sized(ws.block_scores, slots);
   float* gx = sized(ws.tmp, slots * dim);
-  float* g = sized(ws.moe_gate, slots * I);
-  float* u = sized(ws.moe_up, slots * I);
-  float* eo = sized(ws.moe_out, slots * dim);
+  // Slots [0, slots) are the routed experts' rows, [slots, slots + N) the shared expert's.
+  float* g = sized(ws.moe_gate, (slots + N) * I);
+  float* u = sized(ws.moe_up, (slots + N) * I);
+  float* eo = sized(ws.moe_out, (slots + N) * dim);
   int32_t* active = sized(ws.order, size_t(E) + 1);  // ids of the active experts
   int32_t* first = sized(ws.top_blocks, size_t(E) + 1);  // their first slot (and the end)
   int n_active = 0, m_total = 0;
@@ -549,8 +578,24 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     if (m_total > m0) active[n_active] = e, first[n_active++] = m0;
   }
   first[n_active] = m_total;
-  for_rows(n_active, [&](int64_t a0, int64_t a1) {
+  // Shared expert over every row (its output added once, after the routed ones).
+  float* gs = g + slots * I;
+  float* us = u + slots * I;
+  float* eos = eo + slots * dim;
+  auto shared_expert = [&] {
+    kern::linear_fp8(x, N, F.shared.w1, gs);
+    kern::linear_fp8(x, N, F.shared.w3, us);
+    for_rows(N, [&](int64_t s0, int64_t s1) { swiglu(gs + s0 * I, us + s0 * I, int(s1 - s0), nullptr); });
+    kern::linear_fp8(gs, N, F.shared.w2, eos);
+  };
+  // In decode the shared expert is one more task of the experts' job (see for_tasks).
+  const bool shared_as_task = N <= kTaskParallelRows;
+  for_rows(n_active + shared_as_task, [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
+      if (a == n_active) {
+        shared_expert();
+        continue;
+      }
       const auto& X = F.experts[size_t(active[a])];
       const int m0 = first[a], m = first[a + 1] - m0;
       float* ga = g + size_t(m0) * I;
@@ -561,19 +606,14 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
       kern::linear_fp4(ga, m, X.w2, eo + size_t(m0) * dim);
     }
   });
-  // Each row adds its experts' outputs in slot (= expert-id) order, whichever thread owns the row.
+  if (!shared_as_task) shared_expert();
+  // Each row adds its experts' outputs in slot (= expert-id) order, whichever thread owns the row,
+  // then the shared expert's, with one bf16 rounding.
   for_rows(N, [&](int64_t s0, int64_t s1) {
     for (int r = 0; r < m_total; ++r)
       if (rows[r] >= s0 && rows[r] < s1)
         for (int d = 0; d < dim; ++d) acc[size_t(rows[r]) * dim + d] += eo[size_t(r) * dim + d];
-  });
-  // Shared expert over every row, added once, one bf16 rounding.
-  kern::linear_fp8(x, N, F.shared.w1, g);
-  kern::linear_fp8(x, N, F.shared.w3, u);
-  for_rows(N, [&](int64_t s0, int64_t s1) { swiglu(g + s0 * I, u + s0 * I, int(s1 - s0), nullptr); });
-  kern::linear_fp8(g, N, F.shared.w2, eo);
-  for_rows(N, [&](int64_t s0, int64_t s1) {
-    for (size_t i = size_t(s0) * dim; i < size_t(s1) * dim; ++i) out[i] = round_bf16(acc[i] + eo[i]);
+    for (size_t i = size_t(s0) * dim; i < size_t(s1) * dim; ++i) out[i] = round_bf16(acc[i] + eos[i]);
   });
 }
 
