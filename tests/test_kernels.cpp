@@ -122,6 +122,9 @@ struct Shape {
 const Shape kShapes[] = {{1, 1, 32},   {1, 33, 64},  {2, 31, 96},  {3, 64, 160}, {7, 100, 320},
                          {1, 130, 256}, {64, 47, 128}, {129, 65, 96}, {8, 257, 512}, {5, 32, 1024},
                          {1, 16, 1024}, {2, 5, 2048}, {1, 200, 2048}, {2, 100, 256}, {3, 161, 128}};
+// Row counts around the repacked layout's register path (up to 16 rows) and the panel buffer's.
+// Drawn from their own generator, so the shapes above keep their data.
+const Shape kMoreShapes[] = {{4, 40, 64}, {13, 70, 256}, {16, 33, 96}, {17, 64, 64}};
 
 template <class Make, class RefFn, class KernFn, class AccFn>
 void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn, AccFn acc_fn) {
@@ -131,8 +134,14 @@ void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn,
   std::vector<Mismatch> mm(3);
   std::vector<int64_t> raw_total(3), raw_differ(3);
   int packed_checked = 0;
+  std::mt19937 g_more(4321);
+  std::vector<std::pair<const Shape*, std::mt19937*>> cases;
+  for (const Shape& s : kShapes) cases.emplace_back(&s, &g);
+  for (const Shape& s : kMoreShapes) cases.emplace_back(&s, &g_more);
   for (int rep = 0; rep < 3; ++rep)
-    for (const Shape& s : kShapes) {
+    for (const auto& [shape, gen] : cases) {
+      const Shape& s = *shape;
+      std::mt19937& g = *gen;
       const bool extreme = rep == 2;
       auto w = make(g, s.n, s.k, extreme);
       const auto x = make_activations(g, s.m * s.k, extreme);

@@ -469,6 +469,10 @@ void linear_q_panels(const uint16_t* xq, const float* sa, int64_t m, int64_t K, 
   });
 }
 
+// Up to this many rows, repacked weights go through linear_q1_packed (converted in registers, no
+// panel buffer); the buffer's conversion pays off only when more rows share it.
+constexpr int64_t kFusedRows = 16;
+
 // The shared FP8/FP4 driver. pack(n0, nvalid, kb0, kb1, panel) converts a panel's weights;
 // scales(n0, nvalid, kb0, kb1, sw) writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
 template <class Pack, class Scales, class Fused>
@@ -478,7 +482,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales
   quantize_rows(x, m, K, act, pool);
   const uint16_t* xq = act.xq.data();
   const float* sa = act.sa.data();
-  if (m <= 3 && fused(xq, sa)) return;
+  if (m <= kFusedRows && fused(xq, sa)) return;
   if (m == 1) linear_q_panels<4>(xq, sa, m, K, N, pack, scales, y, pool);
   else if (m == 2) linear_q_panels<2>(xq, sa, m, K, N, pack, scales, y, pool);
   else linear_q_panels<1>(xq, sa, m, K, N, pack, scales, y, pool);
@@ -558,7 +562,20 @@ void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t m, int64_t K,
   run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
     if (m == 1) q1_chunk<1, 4>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
     else if (m == 2) q1_chunk<2, 2>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
-    else q1_chunk<3, 2>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
+    else if (m == 3) q1_chunk<3, 2>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
+    else  // 4 rows at a time per panel: the panel is streamed once and re-read from cache
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t r0 = 0; r0 < m; r0 += 4) {
+          const uint16_t* xr = xq + r0 * K;
+          const float* sr = sa + r0 * nkb;
+          float* yr = y + r0 * N;
+          switch (std::min<int64_t>(4, m - r0)) {
+            case 4: q1_panels<4, 1>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
+            case 3: q1_panels<3, 1>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
+            case 2: q1_panels<2, 1>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
+            default: q1_panels<1, 1>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
+          }
+        }
   });
 }
 
@@ -1421,30 +1438,33 @@ void index_scores(const float* q, const float* w, int n_heads, int d, const floa
 }
 
 // P.V of HB heads over the live rows of a chunk: part[h][i] = sum_j pb[h][j] kv_j[i], each output
-// summed in row order in fp64 (the reference's bits; the products are exact), 32 outputs x HB heads
-// per pass held in registers, each widened kv vector shared by the HB heads.
-template <int HB>
+// summed in row order in fp64 (the reference's bits; the products are exact), 8 NZ outputs x HB
+// heads per pass held in registers, each widened kv vector shared by the HB heads (widening is on
+// the FMA pipes, so more heads per widened vector leave more of them to the FMAs).
+template <int HB, int NZ>
 inline void pv_heads(const double* pb, int64_t pb_stride, const float* const* rows, int live, int d, double* part) {
   int e = 0;
-  for (; e + 32 <= d; e += 32) {
-    __m512d a[HB][4];
-#pragma GCC unroll 4
+  for (; e + 8 * NZ <= d; e += 8 * NZ) {
+    __m512d a[HB][NZ];
+#pragma GCC unroll 8
     for (int hh = 0; hh < HB; ++hh)
-      for (int z = 0; z < 4; ++z) a[hh][z] = _mm512_setzero_pd();
+#pragma GCC unroll 4
+      for (int z = 0; z < NZ; ++z) a[hh][z] = _mm512_setzero_pd();
     for (int j = 0; j < live; ++j) {
-      __m512d v[4];
+      __m512d v[NZ];
 #pragma GCC unroll 4
-      for (int z = 0; z < 4; ++z) v[z] = _mm512_cvtps_pd(_mm256_loadu_ps(rows[j] + e + 8 * z));
-#pragma GCC unroll 4
+      for (int z = 0; z < NZ; ++z) v[z] = _mm512_cvtps_pd(_mm256_loadu_ps(rows[j] + e + 8 * z));
+#pragma GCC unroll 8
       for (int hh = 0; hh < HB; ++hh) {
         const __m512d p = _mm512_set1_pd(pb[hh * pb_stride + j]);
 #pragma GCC unroll 4
-        for (int z = 0; z < 4; ++z) a[hh][z] = _mm512_fmadd_pd(p, v[z], a[hh][z]);
+        for (int z = 0; z < NZ; ++z) a[hh][z] = _mm512_fmadd_pd(p, v[z], a[hh][z]);
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int hh = 0; hh < HB; ++hh)
-      for (int z = 0; z < 4; ++z) _mm512_storeu_pd(part + int64_t(hh) * d + e + 8 * z, a[hh][z]);
+#pragma GCC unroll 4
+      for (int z = 0; z < NZ; ++z) _mm512_storeu_pd(part + int64_t(hh) * d + e + 8 * z, a[hh][z]);
   }
   for (; e < d; ++e)
     for (int hh = 0; hh < HB; ++hh) {
@@ -1555,8 +1575,9 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       running_max[size_t(h)] = new_max;
     }
     int h = 0;
-    for (; h + 4 <= H; h += 4) pv_heads<4>(pb.data() + size_t(h) * kChunk, kChunk, rows, live, d, part.data() + size_t(h) * d);
-    for (; h < H; ++h) pv_heads<1>(pb.data() + size_t(h) * kChunk, kChunk, rows, live, d, part.data() + size_t(h) * d);
+    for (; h + 8 <= H; h += 8) pv_heads<8, 2>(pb.data() + size_t(h) * kChunk, kChunk, rows, live, d, part.data() + size_t(h) * d);
+    for (; h + 4 <= H; h += 4) pv_heads<4, 4>(pb.data() + size_t(h) * kChunk, kChunk, rows, live, d, part.data() + size_t(h) * d);
+    for (; h < H; ++h) pv_heads<1, 4>(pb.data() + size_t(h) * kChunk, kChunk, rows, live, d, part.data() + size_t(h) * d);
     for (h = 0; h < H; ++h) {
       const double* pt = part.data() + size_t(h) * d;
       float* ah = acc.data() + size_t(h) * d;
