@@ -210,7 +210,7 @@ void Model::engram(int layer, Ctx& c) const {
   }
 }
 
-void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
+void Model::compress(int layer, Ctx& c, Segment& g, float* kv_new, float* gate_new) const {
   const auto& A = w_.layers[size_t(layer)].attn;
   auto& Ls = g.st->layers()[size_t(layer)];
   auto& ws = c.ws;
@@ -219,18 +219,13 @@ void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
   const int64_t end = g.start + g.S;
   // Entries this call completes: j with its last token j * r + r - 1 in [start, end).
   const int64_t first = g.start / r, count = end / r - first;
-  float* lat = sized(ws.comp_lat, size_t(std::max<int64_t>(count, 1)) * D);
-  if (r == 1) {
-    // One projection pass over all rows (per-row results are the same as row by row).
-    kern::linear_bf16(x, g.S, A.compressor.wkv, lat, true);
-  } else {
+  float* lat = kv_new;  // ratio 1: each row's (bf16-rounded) projection is its entry's latent
+  if (r > 1) {
     // Ratio > 1: fp32 projections of every token are kept in a ring; a group is pooled (per-channel
     // softmax over its r tokens) when its last token arrives, whichever call that happens in. This
-    // call's projections come from one pass over its rows; older tokens from the ring.
-    float* kv_new = sized(ws.comp_proj, size_t(g.S) * 2 * D);
-    float* gate_new = kv_new + size_t(g.S) * D;
-    kern::linear_bf16(x, g.S, A.compressor.wkv, kv_new, false);
-    kern::linear_bf16(x, g.S, A.compressor.wgate, gate_new, false);
+    // call's projections (kv_new, gate_new: its rows') come from one pass over the batch; older
+    // tokens from the ring.
+    lat = sized(ws.comp_lat, size_t(std::max<int64_t>(count, 1)) * D);
     // Token t's projection (kv; its score D floats further on in a ring slot, S x D further here).
     auto kv_of = [&](int64_t t) {
       return t >= g.start ? kv_new + size_t(t - g.start) * D : Ls.comp_inputs.data() + size_t(t % cap) * 2 * D;
@@ -283,9 +278,8 @@ void Model::compress(int layer, Ctx& c, Segment& g, const float* x) const {
   }
 }
 
-void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const float* qr) const {
-  const auto& I = w_.layers[size_t(layer)].attn.indexer;
-  const int r = cfg_.compress_ratio(layer), IH = cfg_.index_n_heads, ID = cfg_.index_head_dim, rd = cfg_.rope_head_dim;
+void Model::index_select(int layer, Ctx& c, Segment& g, const float* iq, const float* iw) const {
+  const int r = cfg_.compress_ratio(layer), IH = cfg_.index_n_heads, ID = cfg_.index_head_dim;
   const int64_t end = g.start + g.S, width = end / r;
   auto& ws = c.ws;
   if (width == 0) {
@@ -304,23 +298,6 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* x, const fl
   }
   const RowCache& keys = g.st->layers()[size_t(keys_layer)].index_keys;
 
-  float* iq = sized(ws.iq, size_t(g.S) * IH * ID);
-  float* iw = sized(ws.iw, size_t(g.S) * IH);
-  kern::linear_fp8(qr, g.S, I.wq_b, iq);
-  kern::linear_bf16(x, g.S, I.weights_proj, iw, true);
-  const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
-  for_rows(g.S, [&](int64_t s0, int64_t s1) {
-    float cs[256];
-    for (int64_t s = s0; s < s1; ++s) {
-      rope_table(layer, g.start + s, cs);
-      for (int h = 0; h < IH; ++h) {
-        float* qh = iq + (size_t(s) * IH + h) * ID;
-        ref::rope_apply(qh + ID - rd, rd, cs, false);
-        act_qdq_fp4_e8m0(qh, ID, 32);
-        iw[s * IH + h] = round_bf16(iw[s * IH + h] * wscale);
-      }
-    }
-  });
   float* score = sized(ws.scores, size_t(g.S) * width);
   const int64_t n_keys = std::min<int64_t>(width, keys.size());
   const float** key_rows = sized(ws.key_rows, size_t(n_keys));
@@ -427,14 +404,42 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   const float scale = float(std::pow(double(D), -0.5));
   // Compressed KV and index selections of every sequence first, so the attention below is one
   // parallel loop over the whole batch (one pool job per layer, not one per sequence).
+  // Their projections run once over all rows of the batch (one weight pass, not one per sequence).
+  float *comp_kv = nullptr, *comp_gate = nullptr, *iq = nullptr, *iw = nullptr;
+  if (ratio && A.has_compressor) {
+    comp_kv = sized(ws.comp_proj, size_t(N) * (ratio > 1 ? 2 : 1) * D);
+    kern::linear_bf16(x, N, A.compressor.wkv, comp_kv, ratio == 1);
+    if (ratio > 1) kern::linear_bf16(x, N, A.compressor.wgate, comp_gate = comp_kv + size_t(N) * D, false);
+  }
+  if (ratio && A.has_indexer) {
+    const auto& I = A.indexer;
+    const int IH = cfg_.index_n_heads, ID = cfg_.index_head_dim;
+    iq = sized(ws.iq, size_t(N) * IH * ID);
+    iw = sized(ws.iw, size_t(N) * IH);
+    kern::linear_fp8(qr, N, I.wq_b, iq);
+    kern::linear_bf16(x, N, I.weights_proj, iw, true);
+    const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
+    for_rows(N, [&](int64_t s0, int64_t s1) {
+      float cs[256];
+      for (int64_t s = s0; s < s1; ++s) {
+        rope_table(layer, ws.row_pos[size_t(s)], cs);
+        for (int h = 0; h < IH; ++h) {
+          float* qh = iq + (size_t(s) * IH + h) * ID;
+          ref::rope_apply(qh + ID - rd, rd, cs, false);
+          act_qdq_fp4_e8m0(qh, ID, 32);
+          iw[s * IH + h] = round_bf16(iw[s * IH + h] * wscale);
+        }
+      }
+    });
+  }
   for (Segment& g : c.segs) {
     if (!ratio) continue;
-    const float* gx = x + size_t(g.row0) * cfg_.dim;
     if (A.has_compressor) {
-      if (!g.replay) compress(layer, c, g, gx);
+      if (!g.replay) compress(layer, c, g, comp_kv + size_t(g.row0) * D, comp_gate ? comp_gate + size_t(g.row0) * D : nullptr);
       g.kv_source = layer;
     }
-    if (A.has_indexer) index_select(layer, c, g, gx, qr + size_t(g.row0) * QL);
+    if (A.has_indexer)
+      index_select(layer, c, g, iq + size_t(g.row0) * cfg_.index_n_heads * cfg_.index_head_dim, iw + size_t(g.row0) * cfg_.index_n_heads);
   }
   int32_t* seg_of_row = sized(ws.row_segment, size_t(N));
   for (size_t gi = 0; gi < c.segs.size(); ++gi)

@@ -141,8 +141,10 @@ class Model {
   void block(int layer, Ctx& c) const;
   using Segment = detail::Segment;
   void attention(int layer, Ctx& c, const float* x, float* out) const;
-  void compress(int layer, Ctx& c, Segment& g, const float* x) const;
-  void index_select(int layer, Ctx& c, Segment& g, const float* x, const float* qr) const;
+  // kv_new/gate_new: the segment's compressor projections (gate_new null at ratio 1).
+  void compress(int layer, Ctx& c, Segment& g, float* kv_new, float* gate_new) const;
+  // iq/iw: the segment's index queries (rotated, FP4-QDQ'd) and head weights.
+  void index_select(int layer, Ctx& c, Segment& g, const float* iq, const float* iw) const;
   void moe(int layer, Ctx& c, const float* x, float* out) const;
   void run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens) const;
   void hc_mixes(const HcWeights& w, const float* stream, int S, float* pre, float* post, float* comb, Workspace& ws) const;
