@@ -396,9 +396,12 @@ TEST(Kernels, LinearBf16Logits) {
       kern::linear_bf16_logits(x.data(), s.m, view, got.data(), nullptr);
       kern::linear_bf16_logits(x.data(), s.m, view, got3.data(), &pool3);
       ASSERT_EQ(0, std::memcmp(got.data(), got3.data(), got.size() * 4)) << what << ": thread count";
-      const int64_t r = s.m - 1;  // the last row alone gives the same bits as inside the batch
-      kern::linear_bf16_logits(x.data() + r * s.k, 1, view, one.data(), nullptr);
-      ASSERT_EQ(0, std::memcmp(one.data(), got.data() + r * s.n, one.size() * 4)) << what << ": batch size";
+      // Each row alone (one output reduction at a time) gives the same bits as inside the batch
+      // (whole row blocks reduced 16 outputs at a time).
+      for (int64_t r = 0; r < s.m; ++r) {
+        kern::linear_bf16_logits(x.data() + r * s.k, 1, view, one.data(), nullptr);
+        ASSERT_EQ(0, std::memcmp(one.data(), got.data() + r * s.n, one.size() * 4)) << what << ": row " << r << " alone";
+      }
       for (int64_t i = 0; i < s.m; ++i)
         for (int64_t n = 0; n < s.n; ++n) {
           double mag = 0;
