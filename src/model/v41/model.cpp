@@ -387,60 +387,56 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
     for (int64_t s = s0; s < s1; ++s) ref::rms_norm(qr + size_t(s) * QL, A.q_norm.p, QL, cfg_.norm_eps, qr + size_t(s) * QL);
   });
   kern::linear_fp8(qr, N, A.wq_b, q);
-  // Window KV: one latent per token (K = V), rotated, then FP8-QDQ'd over all of head_dim.
+  // The indexer's queries and head weights, over all rows of the batch (one weight pass).
+  const bool indexed = ratio && A.has_indexer;
+  const int IH = cfg_.index_n_heads, ID = cfg_.index_head_dim;
+  float* iq = indexed ? sized(ws.iq, size_t(N) * IH * ID) : nullptr;
+  float* iw = indexed ? sized(ws.iw, size_t(N) * IH) : nullptr;
+  if (indexed) {
+    kern::linear_fp8(qr, N, A.indexer.wq_b, iq);
+    kern::linear_bf16(x, N, A.indexer.weights_proj, iw, true);
+  }
+  // Per row, one RoPE table (kept for the output's inverse rotation below): q rotated; the window
+  // KV (one latent per token, K = V) normed, rotated, then FP8-QDQ'd over all of head_dim; the
+  // index queries rotated and FP4-QDQ'd, their head weights scaled.
+  float* cs_rows = sized(ws.rope_cs, size_t(N) * rd);
+  const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
   for_rows(N, [&](int64_t r0, int64_t r1) {
-    float cs_row[256];
     for (int64_t row = r0; row < r1; ++row) {
-      rope_table(layer, ws.row_pos[size_t(row)], cs_row);
-      for (int h = 0; h < H; ++h) ref::rope_apply(q + (size_t(row) * H + h) * D + D - rd, rd, cs_row, false);
+      const float* cs = rope_table(layer, ws.row_pos[size_t(row)], cs_rows + size_t(row) * rd);
+      for (int h = 0; h < H; ++h) ref::rope_apply(q + (size_t(row) * H + h) * D + D - rd, rd, cs, false);
       float* kr = kv + size_t(row) * D;
       ref::rms_norm(kr, A.kv_norm.p, D, cfg_.norm_eps, kr);
-      ref::rope_apply(kr + D - rd, rd, cs_row, false);
+      ref::rope_apply(kr + D - rd, rd, cs, false);
       act_qdq_fp8(kr, D, 32);
+      for (int h = 0; indexed && h < IH; ++h) {
+        float* qh = iq + (size_t(row) * IH + h) * ID;
+        ref::rope_apply(qh + ID - rd, rd, cs, false);
+        act_qdq_fp4_e8m0(qh, ID, 32);
+        iw[row * IH + h] = round_bf16(iw[row * IH + h] * wscale);
+      }
     }
   });
 
   float* o = sized(ws.attn_out, size_t(N) * H * D);
   const float scale = float(std::pow(double(D), -0.5));
   // Compressed KV and index selections of every sequence first, so the attention below is one
-  // parallel loop over the whole batch (one pool job per layer, not one per sequence).
-  // Their projections run once over all rows of the batch (one weight pass, not one per sequence).
-  float *comp_kv = nullptr, *comp_gate = nullptr, *iq = nullptr, *iw = nullptr;
+  // parallel loop over the whole batch (one pool job per layer, not one per sequence). The
+  // compressor's projections, like the indexer's, run once over all rows.
+  float *comp_kv = nullptr, *comp_gate = nullptr;
   if (ratio && A.has_compressor) {
     comp_kv = sized(ws.comp_proj, size_t(N) * (ratio > 1 ? 2 : 1) * D);
     kern::linear_bf16(x, N, A.compressor.wkv, comp_kv, ratio == 1);
     if (ratio > 1) kern::linear_bf16(x, N, A.compressor.wgate, comp_gate = comp_kv + size_t(N) * D, false);
   }
-  if (ratio && A.has_indexer) {
-    const auto& I = A.indexer;
-    const int IH = cfg_.index_n_heads, ID = cfg_.index_head_dim;
-    iq = sized(ws.iq, size_t(N) * IH * ID);
-    iw = sized(ws.iw, size_t(N) * IH);
-    kern::linear_fp8(qr, N, I.wq_b, iq);
-    kern::linear_bf16(x, N, I.weights_proj, iw, true);
-    const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
-    for_rows(N, [&](int64_t s0, int64_t s1) {
-      float cs[256];
-      for (int64_t s = s0; s < s1; ++s) {
-        rope_table(layer, ws.row_pos[size_t(s)], cs);
-        for (int h = 0; h < IH; ++h) {
-          float* qh = iq + (size_t(s) * IH + h) * ID;
-          ref::rope_apply(qh + ID - rd, rd, cs, false);
-          act_qdq_fp4_e8m0(qh, ID, 32);
-          iw[s * IH + h] = round_bf16(iw[s * IH + h] * wscale);
-        }
+  if (ratio)
+    for (Segment& g : c.segs) {
+      if (A.has_compressor) {
+        if (!g.replay) compress(layer, c, g, comp_kv + size_t(g.row0) * D, comp_gate ? comp_gate + size_t(g.row0) * D : nullptr);
+        g.kv_source = layer;
       }
-    });
-  }
-  for (Segment& g : c.segs) {
-    if (!ratio) continue;
-    if (A.has_compressor) {
-      if (!g.replay) compress(layer, c, g, comp_kv + size_t(g.row0) * D, comp_gate ? comp_gate + size_t(g.row0) * D : nullptr);
-      g.kv_source = layer;
+      if (indexed) index_select(layer, c, g, iq + size_t(g.row0) * IH * ID, iw + size_t(g.row0) * IH);
     }
-    if (A.has_indexer)
-      index_select(layer, c, g, iq + size_t(g.row0) * cfg_.index_n_heads * cfg_.index_head_dim, iw + size_t(g.row0) * cfg_.index_n_heads);
-  }
   int32_t* seg_of_row = sized(ws.row_segment, size_t(N));
   for (size_t gi = 0; gi < c.segs.size(); ++gi)
     std::fill(seg_of_row + c.segs[gi].row0, seg_of_row + c.segs[gi].row0 + c.segs[gi].S, int32_t(gi));
@@ -449,7 +445,6 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   const int64_t parts = row_parts(N);
   for_rows(N * parts, [&](int64_t i0, int64_t i1) {
     thread_local std::vector<const float*> rows;
-    float cs_local[256];
     for (int64_t i = i0; i < i1; ++i) {
       const Segment& g = c.segs[size_t(seg_of_row[i / parts])];
       const int64_t s = i / parts - g.row0;
@@ -475,8 +470,8 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
       float* os = o + size_t(g.row0 + s) * H * D;
       kern::sparse_attention(q + (size_t(g.row0 + s) * H + h0) * D, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale,
                              os + size_t(h0) * D);
-      rope_table(layer, t, cs_local);
-      for (int h = h0; h < h1; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs_local, true);
+      const float* cs = cs_rows + size_t(g.row0 + s) * rd;
+      for (int h = h0; h < h1; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
     }
   });
   for (Segment& g : c.segs) {

@@ -88,6 +88,7 @@ struct Workspace {
   std::vector<float> coef_pre, coef_post, coef_comb, next_pre;
   std::vector<int32_t> comp_tokens, history, hash_ids, topk, expert_ids, order, top_blocks, slots;
   std::vector<int64_t> row_pos;      // absolute position of each row of the step
+  std::vector<float> rope_cs;        // [row][rope_head_dim]: cos/sin of each row's position, this layer
   std::vector<int32_t> row_segment;  // index in Ctx::segs of each row of the step
   std::vector<float> comp_proj, comp_lat, comp_key;  // compressor: projections, new latents, their index keys
   std::vector<float> expert_w, iq, iw, scores, block_scores, moe_gate, moe_up, moe_out, moe_acc;
