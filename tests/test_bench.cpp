@@ -60,15 +60,19 @@ TEST(BenchBandwidth, PlausibleAndRepeatable) {
 
 TEST(BenchMatmul, OneDnnPeakPlausible) {
   const MatmulPeak p = measure_matmul_peak({{64, 256, 512, "a"}, {64, 512, 256, "b"}}, 2, 2, 0.02);
-  ASSERT_EQ(p.results.size(), 4u);  // 2 shapes x {bf16, f32}
+  // 2 shapes x {bf16, f32}; without oneDNN bf16 support (AVX2-only CPUs) 2 shapes x f32.
+  ASSERT_EQ(p.results.size(), p.bf16_supported ? 4u : 2u);
+  EXPECT_EQ(p.bf16_supported, p.bf16_unsupported.empty());
   EXPECT_FALSE(p.dnnl_isa.empty());
   EXPECT_FALSE(p.dnnl_version.empty());
   for (const auto& r : p.results) {
     EXPECT_EQ(r.gflops.samples.size(), 2u);
     EXPECT_TRUE(r.gflops.median > 0.5 && r.gflops.median < 1e6) << r.shape.name << " " << r.dtype << " " << r.gflops.median;
   }
-  EXPECT_GT(p.bf16_gflops, 0.5);
+  if (p.bf16_supported) EXPECT_GT(p.bf16_gflops, 0.5);
+  else EXPECT_EQ(p.bf16_gflops, 0.0);
   EXPECT_GT(p.f32_gflops, 0.5);
+  EXPECT_EQ(p.peak_gflops(), p.bf16_supported ? p.bf16_gflops : p.f32_gflops);
   EXPECT_THROW(measure_matmul_peak({{0, 1, 1, "bad"}}, 1), std::invalid_argument);
 }
 
@@ -189,13 +193,17 @@ TEST(BenchModel, ReportHasEveryField) {
   EXPECT_GT(j["model"]["params"].get<int64_t>(), 0);
   EXPECT_GT(j["model"]["file_bytes"].get<int64_t>(), 0);
   EXPECT_GT(j["bandwidth"]["read_gbs"]["median"].get<double>(), 0);
-  EXPECT_GT(j["matmul"]["bf16_gflops"].get<double>(), 0);
-  EXPECT_EQ(j["matmul"]["shapes"].size(), 10u);
+  const bool bf16 = j["matmul"]["bf16_supported"].get<bool>();
+  const std::string peak_key = bf16 ? "bf16_gflops" : "f32_gflops";
+  EXPECT_GT(j["matmul"][peak_key].get<double>(), 0);
+  EXPECT_EQ(j["matmul"]["peak_dtype"], bf16 ? "bf16" : "f32");
+  EXPECT_EQ(j["roofline_inputs"]["matmul_dtype"], j["matmul"]["peak_dtype"]);
+  EXPECT_EQ(j["matmul"]["shapes"].size(), bf16 ? 10u : 5u);
   // The rooflines use the higher of the before/after measurements.
-  const double bw_used = j["roofline_inputs"]["read_gbs"].get<double>(), peak_used = j["roofline_inputs"]["bf16_gflops"].get<double>();
+  const double bw_used = j["roofline_inputs"]["read_gbs"].get<double>(), peak_used = j["roofline_inputs"]["matmul_gflops"].get<double>();
   EXPECT_GT(j["bandwidth_after"]["read_gbs"]["median"].get<double>(), 0);
   EXPECT_DOUBLE_EQ(bw_used, std::max(j["bandwidth"]["read_gbs"]["median"].get<double>(), j["bandwidth_after"]["read_gbs"]["median"].get<double>()));
-  EXPECT_DOUBLE_EQ(peak_used, std::max(j["matmul"]["bf16_gflops"].get<double>(), j["matmul"]["bf16_gflops_after"].get<double>()));
+  EXPECT_DOUBLE_EQ(peak_used, std::max(j["matmul"][peak_key].get<double>(), j["matmul"]["peak_gflops_after"].get<double>()));
   std::set<std::string> names;
   for (const auto& t : j["tests"]) {
     names.insert(t["name"].get<std::string>() + "@" + std::to_string(t["depth"].get<int64_t>()));

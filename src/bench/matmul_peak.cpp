@@ -66,6 +66,21 @@ Summary time_shape(dnnl::engine& eng, dnnl::stream& strm, const MatmulShape& s, 
   return summarize(std::move(g));
 }
 
+// A primitive descriptor for a small bf16 matmul exists exactly when oneDNN implements bf16 here.
+bool bf16_matmul_supported(dnnl::engine& eng, std::string& why) {
+  using dnnl::memory;
+  try {
+    const memory::desc a({16, 32}, memory::data_type::bf16, memory::format_tag::ab);
+    const memory::desc b({32, 16}, memory::data_type::bf16, memory::format_tag::any);
+    const memory::desc c({16, 16}, memory::data_type::f32, memory::format_tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
+    return true;
+  } catch (const dnnl::error& e) {
+    why = std::string("oneDNN has no bf16 matmul on this CPU (") + e.what() + ")";
+    return false;
+  }
+}
+
 }  // namespace
 
 MatmulPeak measure_matmul_peak(const std::vector<MatmulShape>& shapes, int threads, int reps, double min_seconds) {
@@ -81,8 +96,10 @@ MatmulPeak measure_matmul_peak(const std::vector<MatmulShape>& shapes, int threa
   dnnl::stream strm(eng);
   const dnnl_version_t* v = dnnl_version();
   out.dnnl_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  out.bf16_supported = bf16_matmul_supported(eng, out.bf16_unsupported);
   for (const auto& s : shapes)
     for (const auto dt : {dnnl::memory::data_type::bf16, dnnl::memory::data_type::f32}) {
+      if (dt == dnnl::memory::data_type::bf16 && !out.bf16_supported) continue;
       MatmulResult r{s, dt == dnnl::memory::data_type::bf16 ? "bf16" : "f32", time_shape(eng, strm, s, dt, reps, min_seconds)};
       double& best = dt == dnnl::memory::data_type::bf16 ? out.bf16_gflops : out.f32_gflops;
       best = std::max(best, r.gflops.median);

@@ -86,8 +86,9 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
   log("matmul peak (oneDNN)");
   rep.matmul = measure_matmul_peak(model_matmul_shapes(cfg, opts.matmul_m), opts.threads, 5, 0.15);
   log(fmt("matmul peak: bf16 %.1f GFLOP/s, f32 %.1f GFLOP/s", rep.matmul.bf16_gflops, rep.matmul.f32_gflops));
+  if (!rep.matmul.bf16_supported) log(rep.matmul.bf16_unsupported + "; the compute roofline uses the f32 peak");
   // Streaming weights is a read-only pattern: the read pass is the decode roofline's bandwidth.
-  const double bw = rep.bandwidth.read_gbs.median, peak = rep.matmul.bf16_gflops;
+  const double bw = rep.bandwidth.read_gbs.median, peak = rep.matmul.peak_gflops();
   const ModelCost cost = model_cost(cfg);
   rep.model.active_params = cost.active_params;
   if (rep.model.params == 0) rep.model.params = cost.total_params;
@@ -264,13 +265,14 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
 
   log("bandwidth and matmul peak again, after the tests");
   rep.bandwidth_after = measure_bandwidth({opts.threads, opts.bandwidth_bytes, opts.bandwidth_passes});
-  rep.matmul_bf16_after = measure_matmul_peak(model_matmul_shapes(cfg, opts.matmul_m), opts.threads, 5, 0.15).bf16_gflops;
-  log(fmt("after: read %.1f GB/s, bf16 %.1f GFLOP/s", rep.bandwidth_after.read_gbs.median, rep.matmul_bf16_after));
+  rep.matmul_peak_after = measure_matmul_peak(model_matmul_shapes(cfg, opts.matmul_m), opts.threads, 5, 0.15).peak_gflops();
+  log(fmt("after: read %.1f GB/s, matmul peak %.1f GFLOP/s", rep.bandwidth_after.read_gbs.median, rep.matmul_peak_after) +
+      " (" + rep.matmul.peak_dtype() + ")");
   rep.roofline_read_gbs = std::max(bw, rep.bandwidth_after.read_gbs.median);
-  rep.roofline_bf16_gflops = std::max(peak, rep.matmul_bf16_after);
+  rep.roofline_matmul_gflops = std::max(peak, rep.matmul_peak_after);
   for (TestResult& t : rep.tests) {
     t.roofline = make_roofline(t.roofline.weight_bytes, t.roofline.kv_bytes, t.roofline.flops, rep.roofline_read_gbs,
-                               rep.roofline_bf16_gflops);
+                               rep.roofline_matmul_gflops);
     t.efficiency = t.roofline.time_s / t.measured_s;
   }
   return rep;
@@ -297,15 +299,18 @@ nlohmann::json report_json(const BenchReport& r) {
                     {"read_gbs", summary_json(r.bandwidth.read_gbs)}, {"triad_gbs", summary_json(r.bandwidth.triad_gbs)}};
   j["bandwidth_after"] = {{"read_gbs", summary_json(r.bandwidth_after.read_gbs)},
                           {"triad_gbs", summary_json(r.bandwidth_after.triad_gbs)}};
-  j["roofline_inputs"] = {{"read_gbs", r.roofline_read_gbs}, {"bf16_gflops", r.roofline_bf16_gflops},
+  j["roofline_inputs"] = {{"read_gbs", r.roofline_read_gbs}, {"matmul_gflops", r.roofline_matmul_gflops},
+                          {"matmul_dtype", r.matmul.peak_dtype()},
                           {"rule", "max of the measurements before and after the tests"}};
   json shapes = json::array();
   for (const auto& s : r.matmul.results)
     shapes.push_back({{"name", s.shape.name}, {"m", s.shape.m}, {"k", s.shape.k}, {"n", s.shape.n}, {"dtype", s.dtype},
                       {"gflops", summary_json(s.gflops)}});
   j["matmul"] = {{"library", "oneDNN " + r.matmul.dnnl_version}, {"isa", r.matmul.dnnl_isa}, {"threads", r.matmul.threads},
-                 {"bf16_gflops", r.matmul.bf16_gflops}, {"f32_gflops", r.matmul.f32_gflops},
-                 {"bf16_gflops_after", r.matmul_bf16_after}, {"shapes", shapes}};
+                 {"bf16_supported", r.matmul.bf16_supported}, {"bf16_gflops", r.matmul.bf16_gflops},
+                 {"f32_gflops", r.matmul.f32_gflops}, {"peak_dtype", r.matmul.peak_dtype()},
+                 {"peak_gflops_after", r.matmul_peak_after}, {"shapes", shapes}};
+  if (!r.matmul.bf16_supported) j["matmul"]["bf16_unsupported"] = r.matmul.bf16_unsupported;
   json tests = json::array();
   for (const auto& t : r.tests) {
     json tj = {{"name", t.name}, {"kind", t.kind}, {"n_tokens", t.n_tokens}, {"depth", t.depth}, {"batch", t.batch},
@@ -341,12 +346,17 @@ std::string report_table(const BenchReport& r) {
                 double(r.bandwidth.bytes) / 1e9, r.bandwidth.read_gbs.median, r.bandwidth.read_gbs.min,
                 r.bandwidth.read_gbs.max, r.bandwidth.triad_gbs.median, r.bandwidth.triad_gbs.min, r.bandwidth.triad_gbs.max);
   out += buf;
-  std::snprintf(buf, sizeof buf, "matmul peak (oneDNN %s, %s): bf16 %.1f GFLOP/s, f32 %.1f GFLOP/s\n",
-                r.matmul.dnnl_version.c_str(), r.matmul.dnnl_isa.c_str(), r.matmul.bf16_gflops, r.matmul.f32_gflops);
+  if (r.matmul.bf16_supported)
+    std::snprintf(buf, sizeof buf, "matmul peak (oneDNN %s, %s): bf16 %.1f GFLOP/s, f32 %.1f GFLOP/s\n",
+                  r.matmul.dnnl_version.c_str(), r.matmul.dnnl_isa.c_str(), r.matmul.bf16_gflops, r.matmul.f32_gflops);
+  else
+    std::snprintf(buf, sizeof buf, "matmul peak (oneDNN %s, %s): bf16 unsupported on this CPU, f32 %.1f GFLOP/s\n",
+                  r.matmul.dnnl_version.c_str(), r.matmul.dnnl_isa.c_str(), r.matmul.f32_gflops);
   out += buf;
   std::snprintf(buf, sizeof buf,
-                "after the tests: read %.1f GB/s, bf16 %.1f GFLOP/s; rooflines use the higher: %.1f GB/s, %.1f GFLOP/s\n\n",
-                r.bandwidth_after.read_gbs.median, r.matmul_bf16_after, r.roofline_read_gbs, r.roofline_bf16_gflops);
+                "after the tests: read %.1f GB/s, %s %.1f GFLOP/s; rooflines use the higher: %.1f GB/s, %.1f GFLOP/s\n\n",
+                r.bandwidth_after.read_gbs.median, r.matmul.peak_dtype(), r.matmul_peak_after, r.roofline_read_gbs,
+                r.roofline_matmul_gflops);
   out += buf;
   out += "| test        |  depth |   t/s (median ± MAD) |         min..max | step ms | roofline t/s | eff. % | bound   |\n";
   out += "|-------------|-------:|---------------------:|-----------------:|--------:|-------------:|-------:|---------|\n";

@@ -66,10 +66,10 @@ struct BenchReport {
   BandwidthResult bandwidth;        // measured before the tests
   MatmulPeak matmul;
   BandwidthResult bandwidth_after;  // and again after them (a shared machine drifts)
-  double matmul_bf16_after = 0;
+  double matmul_peak_after = 0;     // matmul.peak_dtype() peak, after the tests
   // What the rooflines use: the higher of the two measurements, so that contention during one
-  // of them cannot inflate an efficiency.
-  double roofline_read_gbs = 0, roofline_bf16_gflops = 0;
+  // of them cannot inflate an efficiency. The compute peak is bf16 where oneDNN has it, else f32.
+  double roofline_read_gbs = 0, roofline_matmul_gflops = 0;
   std::vector<TestResult> tests;
 };
 
