@@ -175,8 +175,13 @@ void BM_linear(benchmark::State& state) {
     packed_stride = (pb + 63) / 64 * 64;
     slots = std::min(slots, std::max<size_t>(1, kPackedArena / packed_stride));
     for (size_t i = 0; i < slots; ++i) {  // untimed
-      if constexpr (fp4) kern::pack_weight(ref::Fp4Weight{g_arena + i * wbytes, sc, N, K}, g_packed_arena + i * packed_stride, g_pool[2].get());
-      else kern::pack_weight(ref::Fp8Weight{g_arena + i * wbytes, sc, N, K}, g_packed_arena + i * packed_stride, g_pool[2].get());
+      if constexpr (fp4) {
+        ref::Fp4Weight w4{g_arena + i * wbytes, sc, N, K};
+        kern::pack_weight(w4, g_packed_arena + i * packed_stride, g_pool[2].get());
+      } else {
+        ref::Fp8Weight w8{g_arena + i * wbytes, sc, N, K};
+        kern::pack_weight(w8, g_packed_arena + i * packed_stride, g_pool[2].get());
+      }
     }
   }
   size_t slot = 0;
@@ -186,9 +191,10 @@ void BM_linear(benchmark::State& state) {
     const size_t i = slot++ % slots;  // a fresh slice every iteration
     const uint8_t* w = g_arena + i * wbytes;
     const uint8_t* packed = is_packed(kind) ? g_packed_arena + i * packed_stride : nullptr;
+    const int layout = packed ? int(kern::active_isa()) : 0;
     switch (kind) {
-      case Kind::Fp8: case Kind::Fp8Packed: kern::linear_fp8(x.data(), m, {w, sc, N, K, packed}, y.data(), pool); break;
-      case Kind::Fp4: case Kind::Fp4Packed: kern::linear_fp4(x.data(), m, {w, sc, N, K, packed}, y.data(), pool); break;
+      case Kind::Fp8: case Kind::Fp8Packed: kern::linear_fp8(x.data(), m, {w, sc, N, K, packed, layout}, y.data(), pool); break;
+      case Kind::Fp4: case Kind::Fp4Packed: kern::linear_fp4(x.data(), m, {w, sc, N, K, packed, layout}, y.data(), pool); break;
       case Kind::Fp8Dequant: kern::linear_fp8_dequant(x.data(), m, {w, sc, N, K}, y.data(), pool); break;
       case Kind::Logits: kern::linear_bf16_logits(x.data(), m, {g_bf16_arena + i * size_t(N * K), N, K}, y.data(), pool); break;
     }

@@ -11,6 +11,8 @@
 
 namespace di::kern {
 
+static_assert(detail::kLayoutAvx2 == int(Isa::Avx2) && detail::kLayoutAvx512 == int(Isa::Avx512));
+
 namespace detail {
 bool unrounded_quant_output = false;
 bool exact_fp8_dequant_only = false;
@@ -170,13 +172,35 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
   }
 }
 
-size_t packed_bytes(const ref::Fp8Weight& w) { return current() == Isa::Avx512 ? avx512::packed_bytes_fp8(w) : 0; }
-size_t packed_bytes(const ref::Fp4Weight& w) { return current() == Isa::Avx512 ? avx512::packed_bytes_fp4(w) : 0; }
-void pack_weight(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
-  if (packed_bytes(w)) avx512::pack_weight_fp8(w, dst, pool ? pool : pool_slot());
+size_t packed_bytes(const ref::Fp8Weight& w) {
+  switch (current()) {
+    case Isa::Avx512: return avx512::packed_bytes_fp8(w);
+    case Isa::Avx2: return avx2::packed_bytes_fp8(w);
+    case Isa::Scalar: break;
+  }
+  return 0;
 }
-void pack_weight(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
-  if (packed_bytes(w)) avx512::pack_weight_fp4(w, dst, pool ? pool : pool_slot());
+size_t packed_bytes(const ref::Fp4Weight& w) {
+  switch (current()) {
+    case Isa::Avx512: return avx512::packed_bytes_fp4(w);
+    case Isa::Avx2: return avx2::packed_bytes_fp4(w);
+    case Isa::Scalar: break;
+  }
+  return 0;
+}
+void pack_weight(ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
+  if (!packed_bytes(w)) return;
+  if (current() == Isa::Avx512) avx512::pack_weight_fp8(w, dst, pool ? pool : pool_slot());
+  else avx2::pack_weight_fp8(w, dst, pool ? pool : pool_slot());
+  w.packed = dst;
+  w.packed_layout = int(current());
+}
+void pack_weight(ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
+  if (!packed_bytes(w)) return;
+  if (current() == Isa::Avx512) avx512::pack_weight_fp4(w, dst, pool ? pool : pool_slot());
+  else avx2::pack_weight_fp4(w, dst, pool ? pool : pool_slot());
+  w.packed = dst;
+  w.packed_layout = int(current());
 }
 
 }  // namespace di::kern

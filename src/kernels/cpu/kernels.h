@@ -52,11 +52,12 @@ void index_scores(const float* q, const float* w, int n_heads, int d, const floa
 
 // Load-time repacking (like llama.cpp's CPU "repack" buffers): the same E4M3/E2M1 codes and E8M0
 // scales, reordered so that the active ISA's kernels stream them without transposing. packed_bytes
-// is 0 when the active ISA reads the checkpoint layout directly (then leave `packed` null).
-// The kernels use `w.packed` only on the ISA that packed it; results are bit-identical either way.
+// is 0 when the active ISA reads the checkpoint layout directly. pack_weight writes the layout to
+// dst and points w.packed at it (w.packed_layout = the active ISA); the kernels use it only on
+// that ISA, and results are bit-identical either way.
 size_t packed_bytes(const ref::Fp8Weight& w);
 size_t packed_bytes(const ref::Fp4Weight& w);
-void pack_weight(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);  // dst: 64-byte aligned
-void pack_weight(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);
+void pack_weight(ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);  // dst: 64-byte aligned
+void pack_weight(ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);
 
 }  // namespace di::kern

@@ -1,8 +1,9 @@
 // AVX2 + FMA kernels: the FP8/FP4 linears with the same numerics as the AVX-512 path, bit for bit.
-// Weights are converted to fp32 per chunk of a 16-column panel ([k][column]); each block sum is
-// accumulated with FMAs of exact products (FMA of an exact product = one rounded add) in the
-// order of vdpbf16ps: per K pair the odd element, then the even one. The fp64 linears and the
-// attention fall back to the scalar reference on this ISA (see docs/kernels.md).
+// Each block sum is accumulated with FMAs of exact products (FMA of an exact product = one
+// rounded add) in the order of vdpbf16ps: per K pair the odd element, then the even one. Weights
+// come from a load-time repacked layout (16-column panels, converted in registers) or, for
+// tensors that cannot be repacked, are converted per chunk of a panel ([k][column]) from the
+// checkpoint layout.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -73,16 +74,196 @@ inline void micro(const float* xq, int64_t ldx, const float* sa, int64_t lds, co
   }
 }
 
+
+// ---- load-time repacked layout ----
+// FP8: per 16-column panel, per 32-wide K block, 32 rows of 16 codes (column order) in the order
+// the block sum consumes K (pairs ascending, odd element first: k = t ^ 1 for t = 0..31); 512 B.
+// E4M3 becomes fp16 bits by a shift and a mask (value x 2^-8, subnormals included) and fp16 ->
+// fp32 is one instruction; E4M3 NaN codes would need a fix-up per element, so a tensor that holds
+// any is not repacked (the checkpoint-layout path handles it). The 2^-8 is undone on the block
+// sum (exact: the sums are multiples of 2^-26, far from fp32's range limits).
+// FP4: per panel, per block, per 8-K group g, per 8-column half h: 32 bytes whose nibbles become
+// eight fp32 vectors of 8 columns (split_fp4); vector v holds K = 8g + (v ^ 1), i.e. again the
+// block sum's order. Then per (panel, block) the 16 columns' E8M0 scale codes. 272 B.
+constexpr int64_t kFp8BlockBytes = 32 * kPanel;
+constexpr int64_t kFp4CodeBytes = 16 * kPanel, kFp4BlockBytes = kFp4CodeBytes + kPanel;
+
+inline int64_t n_panels(int64_t out) { return (out + kPanel - 1) / kPanel; }
+
+bool has_e4m3_nan(const uint8_t* w, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if ((w[i] & 0x7f) == 0x7f) return true;
+  return false;
+}
+
+// Byte i (0..31) of an FP4 unit, nibble `hi`: which column (of the 8) and which vector of
+// split_fp4 it feeds (unpack order: vector f of a nibble plane takes bytes 4f..4f+3 and
+// 16+4f..16+4f+3).
+inline void fp4_unit_slot(int i, int hi, int& column, int& vec) {
+  column = (i & 3) + (i >= 16 ? 4 : 0);
+  vec = hi * 4 + ((i & 15) >> 2);
+}
+
+// 16 E4M3 codes -> 16 fp32 (value x 2^-8): columns 0-7 in lo, 8-15 in hi.
+inline void cvt_fp8x16(const uint8_t* p, __m256& lo, __m256& hi) {
+  const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(int16_t(0xbf80)));
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+struct Fp4Tables {
+  __m256i lo_byte, hi_byte, nibble;
+  Fp4Tables() {
+    alignas(32) uint8_t lo[32], hi[32];
+    for (int i = 0; i < 32; ++i) {
+      const uint32_t b = f32_bits(e2m1_to_f32(uint8_t(i & 15))) >> 16;  // E2M1 values are bf16 values
+      lo[i] = uint8_t(b), hi[i] = uint8_t(b >> 8);
+    }
+    lo_byte = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
+    hi_byte = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
+    nibble = _mm256_set1_epi8(0x0f);
+  }
+};
+
+// One nibble plane (32 codes, one per byte) -> four fp32 vectors of 8 (fp32 = bf16 << 16).
+inline void fp4_plane(__m256i codes, const Fp4Tables& t, __m256 (&v)[4]) {
+  const __m256i l = _mm256_shuffle_epi8(t.lo_byte, codes), h = _mm256_shuffle_epi8(t.hi_byte, codes);
+  const __m256i w0 = _mm256_unpacklo_epi8(l, h), w1 = _mm256_unpackhi_epi8(l, h), z = _mm256_setzero_si256();
+  v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w0));
+  v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w0));
+  v[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w1));
+  v[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w1));
+}
+
+// An FP4 unit (32 bytes) -> eight fp32 vectors of 8 columns, vector v = K offset v ^ 1.
+inline void split_fp4(const uint8_t* p, const Fp4Tables& t, __m256 (&lo)[4], __m256 (&hi)[4]) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  fp4_plane(_mm256_and_si256(b, t.nibble), t, lo);
+  fp4_plane(_mm256_and_si256(_mm256_srli_epi16(b, 4), t.nibble), t, hi);
+}
+
+inline __m256 fp4_scales(const uint8_t* p, const float* e8, int half) {
+  return _mm256_i32gather_ps(e8, _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half))), 4);
+}
+
+// T[r] += (block sum x act scale) x weight scale, the block order of the panel path (micro).
+inline void add_block(float* t, __m256 p0, __m256 p1, float a, __m256 s0, __m256 s1) {
+  const __m256 av = _mm256_set1_ps(a);
+  _mm256_storeu_ps(t, _mm256_add_ps(_mm256_loadu_ps(t), _mm256_mul_ps(_mm256_mul_ps(p0, av), s0)));
+  _mm256_storeu_ps(t + 8, _mm256_add_ps(_mm256_loadu_ps(t + 8), _mm256_mul_ps(_mm256_mul_ps(p1, av), s1)));
+}
+
+// Register path for up to 4 rows: NB blocks in flight (independent chains hide the FMA latency),
+// each weight vector converted once for the R rows. T: R x 16 totals, updated block by block.
+template <int R, int NB>
+inline void fp8_blocks(const float* xq, int64_t ldx, const float* sa, int64_t lds, const uint8_t* pb, int64_t kb,
+                       float sw_scalar[NB], float* T) {
+  __m256 acc[R][NB][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+  for (int t = 0; t < 32; ++t) {
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; ++b) {
+      __m256 w0, w1;
+      cvt_fp8x16(pb + b * kFp8BlockBytes + t * kPanel, w0, w1);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_broadcast_ss(xq + r * ldx + (kb + b) * 32 + (t ^ 1));
+        acc[r][b][0] = _mm256_fmadd_ps(w0, xv, acc[r][b][0]);
+        acc[r][b][1] = _mm256_fmadd_ps(w1, xv, acc[r][b][1]);
+      }
+    }
+  }
+  const __m256 undo = _mm256_set1_ps(256.f);
+  for (int b = 0; b < NB; ++b) {
+    const __m256 s = _mm256_set1_ps(sw_scalar[b]);
+    for (int r = 0; r < R; ++r)
+      add_block(T + r * kPanel, _mm256_mul_ps(acc[r][b][0], undo), _mm256_mul_ps(acc[r][b][1], undo),
+                sa[r * lds + kb + b], s, s);
+  }
+}
+
+template <int R, int NB>
+inline void fp4_blocks(const float* xq, int64_t ldx, const float* sa, int64_t lds, const uint8_t* pb, int64_t kb,
+                       const float* e8, const Fp4Tables& tb, float* T) {
+  __m256 acc[R][NB][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
+  for (int g = 0; g < 4; ++g) {
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; ++b)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256 lo[4], hi[4];
+        split_fp4(pb + b * kFp4BlockBytes + (g * 2 + h) * 32, tb, lo, hi);
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; ++v)
+#pragma GCC unroll 16
+          for (int r = 0; r < R; ++r) {
+            const __m256 xv = _mm256_broadcast_ss(xq + r * ldx + (kb + b) * 32 + g * 8 + (v ^ 1));
+            acc[r][b][h] = _mm256_fmadd_ps(v < 4 ? lo[v] : hi[v - 4], xv, acc[r][b][h]);
+          }
+      }
+  }
+  for (int b = 0; b < NB; ++b) {
+    const uint8_t* sp = pb + b * kFp4BlockBytes + kFp4CodeBytes;
+    const __m256 s0 = fp4_scales(sp, e8, 0), s1 = fp4_scales(sp, e8, 1);
+    for (int r = 0; r < R; ++r) add_block(T + r * kPanel, acc[r][b][0], acc[r][b][1], sa[r * lds + kb + b], s0, s1);
+  }
+}
+
+// Converts blocks kb0..kb1 of a repacked panel into the [k][16] fp32 chunk the panel path uses.
+void packed_fp8_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const uint8_t* srow, const float* e8, float* panel,
+                      float* sw) {
+  const __m256 undo = _mm256_set1_ps(256.f);
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    const uint8_t* pb = pp + kb * kFp8BlockBytes;
+    float* dst = panel + (kb - kb0) * 32 * kPanel;
+    for (int t = 0; t < 32; ++t) {
+      __m256 w0, w1;
+      cvt_fp8x16(pb + t * kPanel, w0, w1);
+      _mm256_storeu_ps(dst + (t ^ 1) * kPanel, _mm256_mul_ps(w0, undo));
+      _mm256_storeu_ps(dst + (t ^ 1) * kPanel + 8, _mm256_mul_ps(w1, undo));
+    }
+    for (int c = 0; c < kPanel; ++c) sw[(kb - kb0) * kPanel + c] = e8[srow[kb]];
+  }
+}
+void packed_fp4_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const float* e8, const Fp4Tables& tb, float* panel,
+                      float* sw) {
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    const uint8_t* pb = pp + kb * kFp4BlockBytes;
+    float* dst = panel + (kb - kb0) * 32 * kPanel;
+    for (int g = 0; g < 4; ++g)
+      for (int h = 0; h < 2; ++h) {
+        __m256 lo[4], hi[4];
+        split_fp4(pb + (g * 2 + h) * 32, tb, lo, hi);
+        for (int v = 0; v < 8; ++v) _mm256_storeu_ps(dst + (g * 8 + (v ^ 1)) * kPanel + 8 * h, v < 4 ? lo[v] : hi[v - 4]);
+      }
+    _mm256_storeu_ps(sw + (kb - kb0) * kPanel, fp4_scales(pb + kFp4CodeBytes, e8, 0));
+    _mm256_storeu_ps(sw + (kb - kb0) * kPanel + 8, fp4_scales(pb + kFp4CodeBytes, e8, 1));
+  }
+}
+
 struct ActScratch {
   std::vector<uint8_t> codes;
   std::vector<float> xq, sa;
 };
 
-// row_value(n, k) -> fp32 weight value (exact), block_scale(n, kb) -> fp32 scale.
-template <class RowValues, class BlockScale>
-void linear_q(const float* x, int64_t m, int64_t K, int64_t N, RowValues row_values, BlockScale block_scale, float* y,
+// chunk(p, n0, nvalid, kb0, kb1, panel, sw) fills a panel chunk ([k][16] fp32 weights, [block][16]
+// scales); direct(p, R, xq, sa, T), if given, computes a panel's totals for R <= kDirectRows rows
+// straight from repacked codes.
+constexpr int64_t kDirectRows = 4;
+
+template <class Chunk, class Direct>
+void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Chunk chunk, Direct direct, bool use_direct, float* y,
               ThreadPool* pool) {
-  const int64_t nkb = K / 32, npanels = (N + kPanel - 1) / kPanel;
+  const int64_t nkb = K / 32, npanels = n_panels(N);
   thread_local ActScratch act;
   if (int64_t(act.xq.size()) < m * K) act.xq.resize(size_t(m * K)), act.codes.resize(size_t(m * K));
   if (int64_t(act.sa.size()) < m * nkb) act.sa.resize(size_t(m * nkb));
@@ -93,6 +274,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, RowValues row_val
   }
   const float* xq = act.xq.data();
   const float* sa = act.sa.data();
+  const bool in_registers = use_direct && m <= kDirectRows;
   run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
     alignas(32) static thread_local float panel[kChunkBlocks * 32 * kPanel];
     alignas(32) static thread_local float sw[kChunkBlocks * kPanel];
@@ -103,24 +285,24 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, RowValues row_val
       const int64_t n0 = p * kPanel;
       const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
       std::fill(T, T + m * kPanel, 0.f);
-      for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunkBlocks) {
-        const int64_t kb1 = std::min(nkb, kb0 + kChunkBlocks);
-        for (int c = 0; c < kPanel; ++c)
-          for (int64_t k = kb0 * 32; k < kb1 * 32; ++k)
-            panel[(k - kb0 * 32) * kPanel + c] = c < nvalid ? row_values(n0 + c, k) : 0.f;
-        for (int64_t kb = kb0; kb < kb1; ++kb)
-          for (int c = 0; c < kPanel; ++c) sw[(kb - kb0) * kPanel + c] = c < nvalid ? block_scale(n0 + c, kb) : 0.f;
-        for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
-          const int R = int(std::min<int64_t>(kRowTile, m - r0));
-          const float* xr = xq + r0 * K + kb0 * 32;
-          const float* sr = sa + r0 * nkb + kb0;
-          const int nb = int(kb1 - kb0);
-          float* tr = T + r0 * kPanel;
-          switch (R) {
-            case 1: micro<1>(xr, K, sr, nkb, panel, sw, nb, tr); break;
-            case 2: micro<2>(xr, K, sr, nkb, panel, sw, nb, tr); break;
-            case 3: micro<3>(xr, K, sr, nkb, panel, sw, nb, tr); break;
-            default: micro<4>(xr, K, sr, nkb, panel, sw, nb, tr); break;
+      if (in_registers) {
+        direct(p, int(m), xq, sa, T);
+      } else {
+        for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunkBlocks) {
+          const int64_t kb1 = std::min(nkb, kb0 + kChunkBlocks);
+          chunk(p, n0, nvalid, kb0, kb1, panel, sw);
+          for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
+            const int R = int(std::min<int64_t>(kRowTile, m - r0));
+            const float* xr = xq + r0 * K + kb0 * 32;
+            const float* sr = sa + r0 * nkb + kb0;
+            const int nb = int(kb1 - kb0);
+            float* tr = T + r0 * kPanel;
+            switch (R) {
+              case 1: micro<1>(xr, K, sr, nkb, panel, sw, nb, tr); break;
+              case 2: micro<2>(xr, K, sr, nkb, panel, sw, nb, tr); break;
+              case 3: micro<3>(xr, K, sr, nkb, panel, sw, nb, tr); break;
+              default: micro<4>(xr, K, sr, nkb, panel, sw, nb, tr); break;
+            }
           }
         }
       }
@@ -131,23 +313,142 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, RowValues row_val
   });
 }
 
+// A panel's totals for R rows from repacked codes, NB blocks in flight (4 at one row).
+template <int R>
+void fp8_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, const uint8_t* srow, const float* e8,
+                float* T) {
+  constexpr int NB = R == 1 ? 4 : R == 2 ? 2 : 1;
+  const int64_t nkb = K / 32;
+  int64_t kb = 0;
+  for (; kb + NB <= nkb; kb += NB) {
+    float s[NB];
+    for (int b = 0; b < NB; ++b) s[b] = e8[srow[kb + b]];
+    fp8_blocks<R, NB>(xq, K, sa, nkb, pp + kb * kFp8BlockBytes, kb, s, T);
+  }
+  for (; kb < nkb; ++kb) {
+    float s[1] = {e8[srow[kb]]};
+    fp8_blocks<R, 1>(xq, K, sa, nkb, pp + kb * kFp8BlockBytes, kb, s, T);
+  }
+}
+template <int R>
+void fp4_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, const float* e8, const Fp4Tables& tb,
+                float* T) {
+  constexpr int NB = R == 1 ? 2 : 1;
+  const int64_t nkb = K / 32;
+  int64_t kb = 0;
+  for (; kb + NB <= nkb; kb += NB) fp4_blocks<R, NB>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, e8, tb, T);
+  for (; kb < nkb; ++kb) fp4_blocks<R, 1>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, e8, tb, T);
+}
+template <class F>
+void by_rows(int R, F&& f) {
+  switch (R) {
+    case 1: return f(std::integral_constant<int, 1>());
+    case 2: return f(std::integral_constant<int, 2>());
+    case 3: return f(std::integral_constant<int, 3>());
+    default: return f(std::integral_constant<int, 4>());
+  }
+}
+
 }  // namespace
+
+size_t packed_bytes_fp8(const ref::Fp8Weight& w) {
+  if (w.in % 32 || has_e4m3_nan(w.w, w.out * w.in)) return 0;
+  return size_t(n_panels(w.out) * (w.in / 32) * kFp8BlockBytes);
+}
+size_t packed_bytes_fp4(const ref::Fp4Weight& w) {
+  if (w.in % 32) return 0;
+  return size_t(n_panels(w.out) * (w.in / 32) * kFp4BlockBytes);
+}
+
+void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
+  const int64_t K = w.in, nkb = K / 32;
+  run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        uint8_t* d = dst + (p * nkb + kb) * kFp8BlockBytes;
+        for (int t = 0; t < 32; ++t)
+          for (int c = 0; c < kPanel; ++c) {
+            const int64_t n = p * kPanel + c;
+            d[t * kPanel + c] = n < w.out ? w.w[n * K + kb * 32 + (t ^ 1)] : 0;
+          }
+      }
+  });
+}
+
+void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
+  const int64_t K = w.in, nkb = K / 32;
+  run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        uint8_t* d = dst + (p * nkb + kb) * kFp4BlockBytes;
+        for (int g = 0; g < 4; ++g)
+          for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < 32; ++i) {
+              uint8_t byte = 0;
+              for (int hi = 0; hi < 2; ++hi) {
+                int column, vec;
+                fp4_unit_slot(i, hi, column, vec);
+                const int64_t n = p * kPanel + 8 * h + column;
+                const uint8_t code = n < w.out ? fp4_get(w.w + n * (K / 2), kb * 32 + g * 8 + (vec ^ 1)) : 0;
+                byte = uint8_t(byte | code << (4 * hi));
+              }
+              d[(g * 2 + h) * 32 + i] = byte;
+            }
+        for (int c = 0; c < kPanel; ++c) {
+          const int64_t n = p * kPanel + c;
+          d[kFp4CodeBytes + c] = n < w.out ? w.scale[n * nkb + kb] : 127;
+        }
+      }
+  });
+}
 
 void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
   const auto& t8 = e4m3_values();
   const int64_t K = w.in, nkb = K / 32;
+  const uint8_t* packed = w.packed_layout == detail::kLayoutAvx2 ? w.packed : nullptr;
   linear_q(
-      x, m, K, w.out, [&](int64_t n, int64_t k) { return t8[w.w[n * K + k]]; },
-      [&](int64_t n, int64_t kb) { return e8[w.scale[(n / 32) * nkb + kb]]; }, y, pool);
+      x, m, K, w.out,
+      [&](int64_t p, int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* panel, float* sw) {
+        if (packed)
+          return packed_fp8_chunk(packed + p * nkb * kFp8BlockBytes, kb0, kb1, w.scale + (n0 / 32) * nkb, e8, panel, sw);
+        for (int c = 0; c < kPanel; ++c)
+          for (int64_t k = kb0 * 32; k < kb1 * 32; ++k)
+            panel[(k - kb0 * 32) * kPanel + c] = c < nvalid ? t8[w.w[(n0 + c) * K + k]] : 0.f;
+        for (int64_t kb = kb0; kb < kb1; ++kb)
+          for (int c = 0; c < kPanel; ++c)
+            sw[(kb - kb0) * kPanel + c] = c < nvalid ? e8[w.scale[((n0 + c) / 32) * nkb + kb]] : 0.f;
+      },
+      [&](int64_t p, int R, const float* xq, const float* sa, float* T) {
+        by_rows(R, [&](auto r) {
+          fp8_direct<decltype(r)::value>(xq, K, sa, packed + p * nkb * kFp8BlockBytes, w.scale + (p * kPanel / 32) * nkb,
+                                         e8, T);
+        });
+      },
+      packed != nullptr, y, pool);
 }
 
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
+  static const Fp4Tables tables;
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, nkb = K / 32;
+  const uint8_t* packed = w.packed_layout == detail::kLayoutAvx2 ? w.packed : nullptr;
   linear_q(
-      x, m, K, w.out, [&](int64_t n, int64_t k) { return e2m1_to_f32(fp4_get(w.w + n * (K / 2), k)); },
-      [&](int64_t n, int64_t kb) { return e8[w.scale[n * nkb + kb]]; }, y, pool);
+      x, m, K, w.out,
+      [&](int64_t p, int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* panel, float* sw) {
+        if (packed) return packed_fp4_chunk(packed + p * nkb * kFp4BlockBytes, kb0, kb1, e8, tables, panel, sw);
+        for (int c = 0; c < kPanel; ++c)
+          for (int64_t k = kb0 * 32; k < kb1 * 32; ++k)
+            panel[(k - kb0 * 32) * kPanel + c] = c < nvalid ? e2m1_to_f32(fp4_get(w.w + (n0 + c) * (K / 2), k)) : 0.f;
+        for (int64_t kb = kb0; kb < kb1; ++kb)
+          for (int c = 0; c < kPanel; ++c) sw[(kb - kb0) * kPanel + c] = c < nvalid ? e8[w.scale[(n0 + c) * nkb + kb]] : 0.f;
+      },
+      [&](int64_t p, int R, const float* xq, const float* sa, float* T) {
+        by_rows(R, [&](auto r) {
+          fp4_direct<decltype(r)::value>(xq, K, sa, packed + p * nkb * kFp4BlockBytes, e8, tables, T);
+        });
+      },
+      packed != nullptr, y, pool);
 }
 
 void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool*) {

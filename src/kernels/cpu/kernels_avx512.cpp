@@ -692,13 +692,14 @@ void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& wi
 }  // namespace
 
 void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  const uint8_t* packed = w.packed_layout == detail::kLayoutAvx512 ? w.packed : nullptr;
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, nkb = K / 32;
   linear_q(
       x, m, K, w.out,
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) {
-        if (w.packed) convert_packed_fp8(w.packed + (n0 / kPanel) * nkb * kFp8BlockBytes, kb0, kb1, lut, dst);
+        if (packed) convert_packed_fp8(packed + (n0 / kPanel) * nkb * kFp8BlockBytes, kb0, kb1, lut, dst);
         else pack_fp8(w.w, K, n0, nvalid, kb0, kb1, lut, dst);
       },
       [&](int64_t n0, int, int64_t kb0, int64_t kb1, float* sw) {  // one scale per 32 x 32 block
@@ -709,31 +710,32 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
         }
       },
       [&](const uint16_t* xq, const float* sa) {
-        if (!w.packed) return false;
+        if (!packed) return false;
         auto cvt = [&](const uint8_t* base, int64_t pair, __m512i& w0, __m512i& w1) {
           cvt_pair_fp8(base + pair * kFp8PairBytes, lut, w0, w1);
         };
         auto scale = [&](int64_t panel, int64_t kb, __m512& s0, __m512& s1) {
           s0 = s1 = _mm512_set1_ps(e8[w.scale[panel * nkb + kb]]);
         };
-        linear_q1_packed(xq, sa, m, K, w.out, w.packed, nkb * kFp8BlockBytes, cvt, scale, y, pool);
+        linear_q1_packed(xq, sa, m, K, w.out, packed, nkb * kFp8BlockBytes, cvt, scale, y, pool);
         return true;
       },
       y, pool);
 }
 
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
+  const uint8_t* packed = w.packed_layout == detail::kLayoutAvx512 ? w.packed : nullptr;
   const int64_t K = w.in, nkb = K / 32;
   const __m512i table = e2m1_table();
   linear_q(
       x, m, K, w.out,
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, uint32_t* dst) {
-        if (w.packed) convert_packed_fp4(w.packed + (n0 / kPanel) * nkb * kFp4BlockBytes, kb0, kb1, table, dst);
+        if (packed) convert_packed_fp4(packed + (n0 / kPanel) * nkb * kFp4BlockBytes, kb0, kb1, table, dst);
         else pack_fp4(w.w, K, n0, nvalid, kb0, kb1, table, dst);
       },
       [&](int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* sw) {  // one scale per row and block
-        if (w.packed) {
-          const uint8_t* ps = w.packed + n_panels(w.out) * nkb * kFp4BlockBytes + (n0 / kPanel) * nkb * kPanel;
+        if (packed) {
+          const uint8_t* ps = packed + n_panels(w.out) * nkb * kFp4BlockBytes + (n0 / kPanel) * nkb * kPanel;
           for (int64_t kb = kb0; kb < kb1; ++kb)
             for (int g = 0; g < 2; ++g) _mm512_storeu_ps(sw + (kb - kb0) * kPanel + g * 16, e8m0x16_ps(ps + kb * kPanel + g * 16));
           return;
@@ -752,8 +754,8 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
         }
       },
       [&](const uint16_t* xq, const float* sa) {
-        if (!w.packed) return false;
-        const uint8_t* ps = w.packed + n_panels(w.out) * nkb * kFp4BlockBytes;
+        if (!packed) return false;
+        const uint8_t* ps = packed + n_panels(w.out) * nkb * kFp4BlockBytes;
         auto cvt = [&](const uint8_t* base, int64_t pair, __m512i& w0, __m512i& w1) {
           cvt_pair_fp4(base + pair * kFp4PairBytes, table, w0, w1);
         };
@@ -762,7 +764,7 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
           s0 = e8m0x16_ps(c);
           s1 = e8m0x16_ps(c + 16);
         };
-        linear_q1_packed(xq, sa, m, K, w.out, w.packed, nkb * kFp4BlockBytes, cvt, scale, y, pool);
+        linear_q1_packed(xq, sa, m, K, w.out, packed, nkb * kFp4BlockBytes, cvt, scale, y, pool);
         return true;
       },
       y, pool);

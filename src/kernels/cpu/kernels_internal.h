@@ -16,6 +16,9 @@ class ThreadPool;
 
 namespace di::kern::detail {
 
+// ref::Fp8Weight/Fp4Weight::packed_layout of each ISA's repacked layout (= its kern::Isa value).
+constexpr int kLayoutAvx2 = 1, kLayoutAvx512 = 2;
+
 // E8M0 code -> fp32 (2^(code-127); 255 = NaN), a table shared by all ISAs.
 const float* e8m0_table();
 
@@ -56,3 +59,13 @@ void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);
 void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y);
 }  // namespace di::kern::avx512
 DI_KERN_DECLARE_ISA(avx2)
+
+namespace di::kern::avx2 {
+size_t packed_bytes_fp8(const ref::Fp8Weight& w);  // 0: not repacked (K % 32 != 0, or E4M3 NaN codes)
+size_t packed_bytes_fp4(const ref::Fp4Weight& w);
+void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool);
+void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool);
+void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool);
+void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);
+void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y);
+}  // namespace di::kern::avx2

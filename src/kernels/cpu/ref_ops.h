@@ -11,19 +11,22 @@
 namespace di::ref {
 
 // Quantized weight views (packed, as in the checkpoint).
-// `packed`: optional copy of the same codes and scales reordered for the active ISA's kernels
-// (kern::pack_weight); the reference kernels always read `w` and `scale`.
+// `packed`: optional copy of the same codes and scales reordered for one ISA's kernels
+// (kern::pack_weight sets it and `packed_layout`, that ISA's kern::Isa value); the reference
+// kernels always read `w` and `scale`, other ISAs ignore a layout that is not theirs.
 struct Fp8Weight {      // E4M3 [out, in] + E8M0 scale [ceil(out/32), ceil(in/32)]
   const uint8_t* w = nullptr;
   const uint8_t* scale = nullptr;
   int64_t out = 0, in = 0;
   const uint8_t* packed = nullptr;
+  int packed_layout = 0;
 };
 struct Fp4Weight {      // E2M1 packed [out, in/2] (even element in the low nibble) + E8M0 [out, in/32]
   const uint8_t* w = nullptr;
   const uint8_t* scale = nullptr;
   int64_t out = 0, in = 0;
   const uint8_t* packed = nullptr;
+  int packed_layout = 0;
 };
 struct Bf16Weight {     // bf16 [out, in]
   const uint16_t* w = nullptr;

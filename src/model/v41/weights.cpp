@@ -167,7 +167,6 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
     const size_t n = kern::packed_bytes(*w);
     if (!n) return;
     kern::pack_weight(*w, at, pool);
-    w->packed = at;
     at += round_up(n);
     release_mapped_pages(w->w, code_bytes(*w));
   };
