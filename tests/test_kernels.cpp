@@ -418,7 +418,7 @@ TEST(Kernels, LinearBf16Logits) {
           ASSERT_LE(std::fabs(double(got[at]) - exact[at]), bound) << what << " at " << at;
           rounded += bits(got[at]) != bits(exact[at]), ++total;
         }
-      if (isa != kern::Isa::Avx512) {
+      if (isa == kern::Isa::Scalar || (isa == kern::Isa::Avx2 && s.k % 32)) {
         ASSERT_EQ(0, std::memcmp(got.data(), exact.data(), got.size() * 4)) << what << ": exact path";
       }
       // Not bf16-valued: the exact path, whatever the ISA.

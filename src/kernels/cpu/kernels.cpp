@@ -133,6 +133,7 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
 void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool) {
   if (m <= 0 || w.out <= 0) return;
   if (current() == Isa::Avx512) return avx512::linear_bf16_logits(x, m, w, y, pick(pool, m, w));
+  if (current() == Isa::Avx2) return avx2::linear_bf16_logits(x, m, w, y, pick(pool, m, w));
   linear_bf16(x, m, w, y, false, pool);
 }
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
@@ -153,10 +154,12 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
 }
 void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y) {
   if (current() == Isa::Avx512) return avx512::hc_collapse(X, pre, hc, dim, y);
+  if (current() == Isa::Avx2) return avx2::hc_collapse(X, pre, hc, dim, y);
   ref::hc_collapse(X, pre, hc, dim, y);
 }
 void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y) {
   if (current() == Isa::Avx512) return avx512::hc_expand(f, X, post, comb, hc, dim, Y);
+  if (current() == Isa::Avx2) return avx2::hc_expand(f, X, post, comb, hc, dim, Y);
   ref::hc_expand(f, X, post, comb, hc, dim, Y);
 }
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {

@@ -451,13 +451,243 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
       packed != nullptr, y, pool);
 }
 
-void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool*) {
-  ref::linear_bf16(x, m, w, y, round_out);
+// ---- fp64 linears (bf16, fp32, FP8 x block scale weights) ----
+// Exact products summed in fp64 (4 lanes x 2 per 8 K, then the K % 8 tail) and rounded once: the
+// sum is exact in practice, so this gives the reference's bits except at rare 1-ulp near ties.
+// Per tile of 4 weight rows the weights are converted to fp64 once (into an L2-resident buffer)
+// and reused by every x row; each output's order depends on K only.
+namespace {
+constexpr int kRows64 = 4;
+
+// dq(n0, rows, wd): weight rows n0..n0+rows-1 as fp64 into wd[i * K].
+template <class Dequant, class Out>
+void linear_f64(const float* x, int64_t m, int64_t N, int64_t K, Dequant&& dq, Out&& out, float* y, ThreadPool* pool) {
+  thread_local std::vector<double> xs;
+  if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
+  double* xd = xs.data();
+  for (int64_t i = 0; i < m * K; ++i) xd[i] = x[i];
+  const int64_t K8 = K / 8 * 8;
+  run(pool, (N + kRows64 - 1) / kRows64, 1, [&](int64_t t0, int64_t t1, int) {
+    thread_local std::vector<double> wbuf;
+    if (int64_t(wbuf.size()) < kRows64 * K) wbuf.resize(size_t(kRows64 * K));
+    double* wd = wbuf.data();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kRows64;
+      const int rows = int(std::min<int64_t>(kRows64, N - n0));
+      dq(n0, rows, wd);
+      for (int i = rows; i < kRows64; ++i) std::copy(wd, wd + K, wd + i * K);  // short tile: repeat row 0
+      for (int64_t r = 0; r < m; ++r) {
+        const double* xr = xd + r * K;
+        __m256d a[kRows64][2];
+#pragma GCC unroll 8
+        for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm256_setzero_pd();
+        for (int64_t k = 0; k < K8; k += 8) {
+          const __m256d x0 = _mm256_loadu_pd(xr + k), x1 = _mm256_loadu_pd(xr + k + 4);
+#pragma GCC unroll 8
+          for (int i = 0; i < kRows64; ++i) {
+            a[i][0] = _mm256_fmadd_pd(x0, _mm256_loadu_pd(wd + i * K + k), a[i][0]);
+            a[i][1] = _mm256_fmadd_pd(x1, _mm256_loadu_pd(wd + i * K + k + 4), a[i][1]);
+          }
+        }
+        for (int i = 0; i < rows; ++i) {
+          alignas(32) double l[4];
+          _mm256_store_pd(l, _mm256_add_pd(a[i][0], a[i][1]));
+          double tail = 0;
+          for (int64_t k = K8; k < K; ++k) tail += xr[k] * wd[i * K + k];
+          y[r * N + n0 + i] = out(float(((l[0] + l[1]) + (l[2] + l[3])) + tail));
+        }
+      }
+    }
+  });
 }
-void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool*) { ref::linear_f32(x, m, w, y); }
-void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool*) {
-  ref::linear_fp8_dequant(x, m, w, y);
+
+inline void store_pd8(double* d, __m256 f) {
+  _mm256_storeu_pd(d, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+  _mm256_storeu_pd(d + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
 }
+
+// 8 E4M3 codes -> fp32 values exactly (NaN codes 0x7f/0xff included).
+inline __m256 e4m3x8(const uint8_t* p) {
+  const __m128i c = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  __m128i h = _mm_and_si128(_mm_slli_epi16(c, 7), _mm_set1_epi16(int16_t(0xbf80)));
+  const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x3f80)), _mm_set1_epi16(0x3f80));
+  h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan);
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+}
+}  // namespace
+
+void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
+  const int64_t K = w.in;
+  linear_f64(
+      x, m, w.out, K,
+      [&](int64_t n0, int rows, double* wd) {
+        for (int i = 0; i < rows; ++i) {
+          const uint16_t* wr = w.w + (n0 + i) * K;
+          int64_t k = 0;
+          for (; k + 8 <= K; k += 8) {
+            const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + k)));
+            store_pd8(wd + i * K + k, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+          }
+          for (; k < K; ++k) wd[i * K + k] = bf16_to_f32(wr[k]);
+        }
+      },
+      [&](float v) { return round_out ? round_bf16(v) : v; }, y, pool);
+}
+
+void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
+  const int64_t K = w.in;
+  linear_f64(
+      x, m, w.out, K,
+      [&](int64_t n0, int rows, double* wd) {
+        for (int i = 0; i < rows; ++i) {
+          const float* wr = w.w + (n0 + i) * K;
+          int64_t k = 0;
+          for (; k + 8 <= K; k += 8) store_pd8(wd + i * K + k, _mm256_loadu_ps(wr + k));
+          for (; k < K; ++k) wd[i * K + k] = wr[k];
+        }
+      },
+      [](float v) { return v; }, y, pool);
+}
+
+// The weight is e4m3 x its block's scale in fp32 (exact), as the reference dequantizes it.
+void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  const float* e8 = detail::e8m0_table();
+  const auto& t8 = e4m3_values();
+  const int64_t K = w.in, nkb = (K + 31) / 32;
+  linear_f64(
+      x, m, w.out, K,
+      [&](int64_t n0, int rows, double* wd) {
+        for (int i = 0; i < rows; ++i) {
+          const int64_t n = n0 + i;
+          const uint8_t* wr = w.w + n * K;
+          const uint8_t* sr = w.scale + (n / 32) * nkb;
+          int64_t k = 0;
+          for (; k + 8 <= K; k += 8)
+            store_pd8(wd + i * K + k, _mm256_mul_ps(e4m3x8(wr + k), _mm256_set1_ps(e8[sr[k / 32]])));
+          for (; k < K; ++k) wd[i * K + k] = double(t8[wr[k]] * e8[sr[k / 32]]);
+        }
+      },
+      [](float v) { return round_bf16(v); }, y, pool);
+}
+
+// ---- the logits head: fp32 accumulation in the AVX-512 kernel's order ----
+// Per output 16 lanes (two vectors of 8 here), lane l taking K pair l of each 32-wide chunk, the
+// odd element first (vdpbf16ps's order, by FMAs of exact products), then GCC's
+// _mm512_reduce_add_ps tree. x rows are split once into odd/even fp32 halves per chunk.
+namespace {
+inline float reduce16(__m256 lo, __m256 hi) {
+  const __m256 t = _mm256_add_ps(hi, lo);
+  const __m128 q = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
+  const __m128 p = _mm_add_ps(q, _mm_shuffle_ps(q, q, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+// R weight rows x M x rows; xs: per row, per chunk [odd 0-7, even 0-7, odd 8-15, even 8-15].
+template <int R, int M>
+inline void logits_tile(const float* xs, int64_t ldx, const uint16_t* const* wr, int64_t nc, float* out, int64_t ldo) {
+  __m256 acc[M][R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
+  const __m256i hi_mask = _mm256_set1_epi32(int(0xffff0000u));
+  for (int64_t c = 0; c < nc; ++c) {
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + c * 32 + 16 * h));
+        const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
+        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+#pragma GCC unroll 8
+        for (int r = 0; r < M; ++r) {
+          const float* xc = xs + r * ldx + c * 32 + 16 * h;
+          acc[r][i][h] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xc), acc[r][i][h]);
+          acc[r][i][h] = _mm256_fmadd_ps(even, _mm256_loadu_ps(xc + 8), acc[r][i][h]);
+        }
+      }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int i = 0; i < R; ++i) out[r * ldo + i] = reduce16(acc[r][i][0], acc[r][i][1]);
+}
+}  // namespace
+
+void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool) {
+  const int64_t K = w.in, N = w.out, nc = K / 32;
+  if (K % 32) return linear_bf16(x, m, w, y, false, pool);  // no masked 16-bit loads here: not the head's shape
+  thread_local std::vector<float> xsplit;
+  if (int64_t(xsplit.size()) < m * K) xsplit.resize(size_t(m * K));
+  float* xs = xsplit.data();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = x[r * K + k];
+      if (f32_bits(v) & 0xffff) return linear_bf16(x, m, w, y, false, pool);  // not bf16-valued: the exact path
+      const int64_t c = k / 32, j = k % 32, h = j / 16, l = (j % 16) / 2;
+      xs[r * K + c * 32 + 16 * h + (j % 2 ? 0 : 8) + l] = v;
+    }
+  // One row: 4 weight rows per pass (8 independent chains); more rows: 2 weight rows x 3 x rows.
+  const int R = m == 1 ? 4 : 2;
+  run(pool, (N + R - 1) / R, 16, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * R;
+      const int rows = int(std::min<int64_t>(R, N - n0));
+      const uint16_t* wr[4];
+      for (int i = 0; i < 4; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
+      float out[3][4];
+      if (m == 1) {
+        logits_tile<4, 1>(xs, K, wr, nc, &out[0][0], 4);
+        for (int i = 0; i < rows; ++i) y[n0 + i] = out[0][i];
+        continue;
+      }
+      for (int64_t r0 = 0; r0 < m; r0 += 3) {
+        const int M = int(std::min<int64_t>(3, m - r0));
+        const float* xr = xs + r0 * K;
+        if (M == 3) logits_tile<2, 3>(xr, K, wr, nc, &out[0][0], 4);
+        else if (M == 2) logits_tile<2, 2>(xr, K, wr, nc, &out[0][0], 4);
+        else logits_tile<2, 1>(xr, K, wr, nc, &out[0][0], 4);
+        for (int r = 0; r < M; ++r)
+          for (int i = 0; i < rows; ++i) y[(r0 + r) * N + n0 + i] = out[r][i];
+      }
+    }
+  });
+}
+
+// ---- mHC collapse / expand: the reference's fp32 order, 8 columns at a time ----
+void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y) {
+  int d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < hc; ++i)
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(pre[i]), _mm256_loadu_ps(X + size_t(i) * dim + d)));
+    _mm256_storeu_ps(y + d, acc);
+    for (int j = 0; j < 8; ++j) y[d + j] = round_bf16(y[d + j]);
+  }
+  for (; d < dim; ++d) {
+    float acc = 0.f;
+    for (int i = 0; i < hc; ++i) acc += pre[i] * X[size_t(i) * dim + d];
+    y[d] = round_bf16(acc);
+  }
+}
+
+void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y) {
+  for (int j = 0; j < hc; ++j) {
+    float* yj = Y + size_t(j) * dim;
+    int d = 0;
+    for (; d + 8 <= dim; d += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int i = 0; i < hc; ++i)
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(comb[i * hc + j]), _mm256_loadu_ps(X + size_t(i) * dim + d)));
+      _mm256_storeu_ps(yj + d, _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(post[j]), _mm256_loadu_ps(f + d)), acc));
+      for (int t = 0; t < 8; ++t) yj[d + t] = round_bf16(yj[d + t]);
+    }
+    for (; d < dim; ++d) {
+      float acc = 0.f;
+      for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * X[size_t(i) * dim + d];
+      yj[d] = round_bf16(post[j] * f[d] + acc);
+    }
+  }
+}
+
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out) {
   ref::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
