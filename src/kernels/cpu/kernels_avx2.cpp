@@ -364,39 +364,49 @@ void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
   const int64_t K = w.in, nkb = K / 32;
   run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p)
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        uint8_t* d = dst + (p * nkb + kb) * kFp8BlockBytes;
-        for (int t = 0; t < 32; ++t)
-          for (int c = 0; c < kPanel; ++c) {
-            const int64_t n = p * kPanel + c;
-            d[t * kPanel + c] = n < w.out ? w.w[n * K + kb * 32 + (t ^ 1)] : 0;
-          }
+      for (int c = 0; c < kPanel; ++c) {
+        const int64_t n = p * kPanel + c;
+        const uint8_t* src = n < w.out ? w.w + n * K : nullptr;
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+          uint8_t* d = dst + (p * nkb + kb) * kFp8BlockBytes + c;
+          for (int t = 0; t < 32; ++t) d[t * kPanel] = src ? src[kb * 32 + (t ^ 1)] : 0;
+        }
       }
   });
 }
 
 void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
   const int64_t K = w.in, nkb = K / 32;
+  // Where code k (0..31 of a block) of a panel's column c goes: byte offset in the block, shift.
+  struct Slot {
+    uint8_t byte, shift;
+  };
+  static const auto slots = [] {
+    std::array<std::array<Slot, 32>, kPanel> t{};
+    for (int g = 0; g < 4; ++g)
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 32; ++i)
+          for (int hi = 0; hi < 2; ++hi) {
+            int column, vec;
+            fp4_unit_slot(i, hi, column, vec);
+            t[size_t(8 * h + column)][size_t(g * 8 + (vec ^ 1))] = {uint8_t((g * 2 + h) * 32 + i), uint8_t(4 * hi)};
+          }
+    return t;
+  }();
   run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t kb = 0; kb < nkb; ++kb) {
         uint8_t* d = dst + (p * nkb + kb) * kFp4BlockBytes;
-        for (int g = 0; g < 4; ++g)
-          for (int h = 0; h < 2; ++h)
-            for (int i = 0; i < 32; ++i) {
-              uint8_t byte = 0;
-              for (int hi = 0; hi < 2; ++hi) {
-                int column, vec;
-                fp4_unit_slot(i, hi, column, vec);
-                const int64_t n = p * kPanel + 8 * h + column;
-                const uint8_t code = n < w.out ? fp4_get(w.w + n * (K / 2), kb * 32 + g * 8 + (vec ^ 1)) : 0;
-                byte = uint8_t(byte | code << (4 * hi));
-              }
-              d[(g * 2 + h) * 32 + i] = byte;
-            }
+        std::fill(d, d + kFp4CodeBytes, uint8_t(0));
         for (int c = 0; c < kPanel; ++c) {
           const int64_t n = p * kPanel + c;
           d[kFp4CodeBytes + c] = n < w.out ? w.scale[n * nkb + kb] : 127;
+          if (n >= w.out) continue;
+          const uint8_t* src = w.w + n * (K / 2) + kb * 16;
+          for (int k = 0; k < 32; ++k) {
+            const Slot sl = slots[size_t(c)][size_t(k)];
+            d[sl.byte] = uint8_t(d[sl.byte] | ((src[k / 2] >> (4 * (k & 1))) & 15) << sl.shift);
+          }
         }
       }
   });
@@ -688,9 +698,116 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
   }
 }
 
+// ---- sparse attention: the reference's chunked online softmax, fp64 dots over 4 lanes ----
+// q and every kv row are bf16/FP8/FP4-valued, so each fp64 dot (and each chunk's P.V sum) is exact
+// in any order: this gives the reference's bits. Scores of all heads for the whole list come
+// first (each kv row read once for 4 heads at a time); then per head the reference's recurrence
+// (libm expf, fp64 psum) and P.V over channel blocks of 8 for 4 heads. Only live rows are scored;
+// a chunk with none is skipped (exp(-inf) = 0 and a rescale of exp(0) = 1 leave everything as is).
+namespace {
+inline __m256d sum4(__m256d a, __m256d b, __m256d c, __m256d d) {  // lanes: total of a, b, c, d
+  const __m256d ab = _mm256_hadd_pd(a, b), cd = _mm256_hadd_pd(c, d);  // a01 b01 a23 b23 / c01 d01 c23 d23
+  return _mm256_add_pd(_mm256_permute2f128_pd(ab, cd, 0x20), _mm256_permute2f128_pd(ab, cd, 0x31));
+}
+}  // namespace
+
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out) {
-  ref::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+  if (d % 8) return ref::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+  constexpr int64_t kChunk = 64;
+  constexpr int HG = 4;  // heads sharing each kv load
+  const int H = n_heads, HP = (H + HG - 1) / HG * HG;
+  thread_local std::vector<double> qs;
+  thread_local std::vector<float> scores, accs;
+  if (qs.size() < size_t(HP) * d) qs.resize(size_t(HP) * d);
+  if (scores.size() < size_t(HP) * n_rows) scores.resize(size_t(HP) * n_rows);
+  if (accs.size() < size_t(HP) * d) accs.resize(size_t(HP) * d);
+  double* qd = qs.data();
+  for (int h = 0; h < HP; ++h)
+    for (int i = 0; i < d; ++i) qd[size_t(h) * d + i] = h < H ? double(q[size_t(h) * d + i]) : 0.0;
+  float* sc = scores.data();  // [head][row]
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const float* kv = kv_rows[j];
+    if (!kv) {
+      for (int h = 0; h < HP; ++h) sc[size_t(h) * n_rows + j] = -INFINITY;
+      continue;
+    }
+    for (int h0 = 0; h0 < HP; h0 += HG) {
+      __m256d a[HG][2];
+#pragma GCC unroll 4
+      for (int h = 0; h < HG; ++h) a[h][0] = a[h][1] = _mm256_setzero_pd();
+      for (int i = 0; i < d; i += 8) {
+        const __m256 kf = _mm256_loadu_ps(kv + i);
+        const __m256d k0 = _mm256_cvtps_pd(_mm256_castps256_ps128(kf)), k1 = _mm256_cvtps_pd(_mm256_extractf128_ps(kf, 1));
+#pragma GCC unroll 4
+        for (int h = 0; h < HG; ++h) {
+          const double* qh = qd + size_t(h0 + h) * d + i;
+          a[h][0] = _mm256_fmadd_pd(_mm256_loadu_pd(qh), k0, a[h][0]);
+          a[h][1] = _mm256_fmadd_pd(_mm256_loadu_pd(qh + 4), k1, a[h][1]);
+        }
+      }
+      alignas(32) double dots[HG];
+      _mm256_store_pd(dots, sum4(_mm256_add_pd(a[0][0], a[0][1]), _mm256_add_pd(a[1][0], a[1][1]),
+                                 _mm256_add_pd(a[2][0], a[2][1]), _mm256_add_pd(a[3][0], a[3][1])));
+      for (int h = 0; h < HG; ++h) sc[size_t(h0 + h) * n_rows + j] = float(dots[h]) * softmax_scale;
+    }
+  }
+  float* acc = accs.data();
+  std::fill(acc, acc + size_t(HP) * d, 0.f);
+  float running_max[HG], denom[HG], rescale[HG];
+  alignas(32) double pb[kChunk][HG];
+  for (int h0 = 0; h0 < HP; h0 += HG) {
+    for (int h = 0; h < HG; ++h) running_max[h] = -1e30f, denom[h] = 0.f;
+    for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
+      const int64_t c1 = std::min(n_rows, c0 + kChunk);
+      bool live = false;
+      for (int64_t j = c0; j < c1 && !live; ++j) live = kv_rows[j] != nullptr;
+      if (!live) continue;
+      for (int h = 0; h < HG; ++h) {
+        const float* sh = sc + size_t(h0 + h) * n_rows;
+        float chunk_max = -INFINITY;
+        for (int64_t j = c0; j < c1; ++j) chunk_max = std::max(chunk_max, sh[j]);
+        const float new_max = std::max(running_max[h], chunk_max);
+        rescale[h] = std::exp(running_max[h] - new_max);
+        double psum = 0;
+        for (int64_t j = c0; j < c1; ++j) {
+          const float p = kv_rows[j] ? std::exp(sh[j] - new_max) : 0.f;  // exp(-inf) = 0
+          psum += p;
+          pb[j - c0][h] = round_bf16(p);
+        }
+        denom[h] = denom[h] * rescale[h] + float(psum);
+        running_max[h] = new_max;
+      }
+      for (int i = 0; i < d; i += 8) {
+        __m256d part[HG][2];
+#pragma GCC unroll 4
+        for (int h = 0; h < HG; ++h) part[h][0] = part[h][1] = _mm256_setzero_pd();
+        for (int64_t j = c0; j < c1; ++j) {
+          if (!kv_rows[j]) continue;
+          const __m256 kf = _mm256_loadu_ps(kv_rows[j] + i);
+          const __m256d k0 = _mm256_cvtps_pd(_mm256_castps256_ps128(kf)), k1 = _mm256_cvtps_pd(_mm256_extractf128_ps(kf, 1));
+#pragma GCC unroll 4
+          for (int h = 0; h < HG; ++h) {
+            const __m256d p = _mm256_broadcast_sd(&pb[j - c0][h]);
+            part[h][0] = _mm256_fmadd_pd(p, k0, part[h][0]);
+            part[h][1] = _mm256_fmadd_pd(p, k1, part[h][1]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < HG; ++h) {
+          float* ah = acc + size_t(h0 + h) * d + i;
+          const __m256 pf = _mm256_set_m128(_mm256_cvtpd_ps(part[h][1]), _mm256_cvtpd_ps(part[h][0]));
+          _mm256_storeu_ps(ah, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ah), _mm256_set1_ps(rescale[h])), pf));
+        }
+      }
+    }
+    for (int h = 0; h < HG && h0 + h < H; ++h) {
+      const float dn = denom[h] + std::exp(attn_sink[h0 + h] - running_max[h]);
+      const float* ah = acc + size_t(h0 + h) * d;
+      float* oh = out + size_t(h0 + h) * d;
+      for (int i = 0; i < d; ++i) oh[i] = round_bf16(ah[i] / dn);
+    }
+  }
 }
 
 }  // namespace di::kern::avx2
