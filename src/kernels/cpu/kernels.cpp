@@ -164,6 +164,7 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
 }
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
   if (current() == Isa::Avx512 && d % 8 == 0) return avx512::index_scores(q, w, n_heads, d, keys, n, out);
+  if (current() == Isa::Avx2 && d % 8 == 0) return avx2::index_scores(q, w, n_heads, d, keys, n, out);
   ref::index_scores(q, w, n_heads, d, keys, n, out);
 }
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,

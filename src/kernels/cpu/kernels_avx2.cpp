@@ -50,13 +50,17 @@ inline void micro(const float* xq, int64_t ldx, const float* sa, int64_t lds, co
                   int nb, float* T) {
   for (int b = 0; b < nb; ++b) {
     __m256 p0[R], p1[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) p0[r] = p1[r] = _mm256_setzero_ps();
     const float* pw = panel + b * 32 * kPanel;
     const float* xb = xq + b * 32;
+#pragma GCC unroll 2
     for (int j = 0; j < 16; ++j) {
+#pragma GCC unroll 2
       for (int e = 1; e >= 0; --e) {  // odd element of the pair first, as vdpbf16ps
         const int k = 2 * j + e;
         const __m256 w0 = _mm256_loadu_ps(pw + k * kPanel), w1 = _mm256_loadu_ps(pw + k * kPanel + 8);
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const __m256 xv = _mm256_broadcast_ss(xb + r * ldx + k);
           p0[r] = _mm256_fmadd_ps(w0, xv, p0[r]);
@@ -65,6 +69,7 @@ inline void micro(const float* xq, int64_t ldx, const float* sa, int64_t lds, co
       }
     }
     const __m256 s0 = _mm256_loadu_ps(sw + b * kPanel), s1 = _mm256_loadu_ps(sw + b * kPanel + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_set1_ps(sa[r * lds + b]);
       float* t = T + r * kPanel;
@@ -76,12 +81,15 @@ inline void micro(const float* xq, int64_t ldx, const float* sa, int64_t lds, co
 
 
 // ---- load-time repacked layout ----
-// FP8: per 16-column panel, per 32-wide K block, 32 rows of 16 codes (column order) in the order
-// the block sum consumes K (pairs ascending, odd element first: k = t ^ 1 for t = 0..31); 512 B.
-// E4M3 becomes fp16 bits by a shift and a mask (value x 2^-8, subnormals included) and fp16 ->
-// fp32 is one instruction; E4M3 NaN codes would need a fix-up per element, so a tensor that holds
-// any is not repacked (the checkpoint-layout path handles it). The 2^-8 is undone on the block
-// sum (exact: the sums are multiples of 2^-26, far from fp32's range limits).
+// FP8: per 16-column panel, per 32-wide K block, per K pair u, 32 bytes: both elements of the
+// pair for the 16 columns, arranged so that in-lane byte/word unpacks with zero (the same data
+// movement as FP4's, fp8_unit) put each code in the top byte of the fp32 lane of its column, odd
+// element first (the block sum's order); 512 B. An arithmetic shift by 4 and a mask then give the
+// fp32 bits of e4m3 x 2^-120 (E4M3's exponent field lands in fp32's low exponent bits, and its
+// subnormals become fp32 subnormals of the same scale), and one multiply by 2^120 the exact
+// value. This uses only cheap shuffles; vcvtph2ps, the other route, is slow on Zen 2. E4M3 NaN
+// codes would need a fix-up per element, so a tensor that holds any is not repacked (the
+// checkpoint-layout path handles it).
 // FP4: per panel, per block, per 8-K group g, per 8-column half h: 32 bytes whose nibbles become
 // eight fp32 vectors of 8 columns (split_fp4); vector v holds K = 8g + (v ^ 1), i.e. again the
 // block sum's order. Then per (panel, block) the 16 columns' E8M0 scale codes. 272 B.
@@ -104,12 +112,24 @@ inline void fp4_unit_slot(int i, int hi, int& column, int& vec) {
   vec = hi * 4 + ((i & 15) >> 2);
 }
 
-// 16 E4M3 codes -> 16 fp32 (value x 2^-8): columns 0-7 in lo, 8-15 in hi.
-inline void cvt_fp8x16(const uint8_t* p, __m256& lo, __m256& hi) {
-  const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(int16_t(0xbf80)));
-  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+// Which byte of an FP8 unit holds column c (0..15) of the pair's element e (1 = odd, 0 = even):
+// unpack vector f = 2 (1 - e) + c / 8 takes bytes 4f..4f+3 (lanes 0-3) and 16+4f..16+4f+3 (4-7).
+inline int fp8_unit_byte(int c, int e) {
+  const int f = 2 * (1 - e) + c / 8, l = c % 8;
+  return l < 4 ? 4 * f + l : 16 + 4 * f + (l - 4);
+}
+
+// An FP8 unit (32 bytes) -> odd element of columns 0-7, 8-15, then the even element's.
+inline void fp8_unit(const uint8_t* p, __m256 (&v)[4]) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), z = _mm256_setzero_si256();
+  const __m256i w0 = _mm256_unpacklo_epi8(z, b), w1 = _mm256_unpackhi_epi8(z, b);
+  const __m256i d[4] = {_mm256_unpacklo_epi16(z, w0), _mm256_unpackhi_epi16(z, w0), _mm256_unpacklo_epi16(z, w1),
+                        _mm256_unpackhi_epi16(z, w1)};
+  const __m256i mask = _mm256_set1_epi32(int(0x87f00000u));
+  const __m256 scale = _mm256_set1_ps(0x1p120f);
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+    v[i] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(d[i], 4), mask)), scale);
 }
 
 struct Fp4Tables {
@@ -164,26 +184,29 @@ inline void fp8_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
-#pragma GCC unroll 2
-  for (int t = 0; t < 32; ++t) {
+  for (int u = 0; u < 16; ++u) {
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b) {
-      __m256 w0, w1;
-      cvt_fp8x16(pb + b * kFp8BlockBytes + t * kPanel, w0, w1);
+      __m256 w[4];
+      fp8_unit(pb + b * kFp8BlockBytes + u * 32, w);
+#pragma GCC unroll 2
+      for (int e = 0; e < 2; ++e)  // odd element first
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const __m256 xv = _mm256_broadcast_ss(xq + r * ldx + (kb + b) * 32 + (t ^ 1));
-        acc[r][b][0] = _mm256_fmadd_ps(w0, xv, acc[r][b][0]);
-        acc[r][b][1] = _mm256_fmadd_ps(w1, xv, acc[r][b][1]);
-      }
+        for (int r = 0; r < R; ++r) {
+          const __m256 xv = _mm256_broadcast_ss(xq + r * ldx + (kb + b) * 32 + 2 * u + 1 - e);
+          acc[r][b][0] = _mm256_fmadd_ps(w[2 * e], xv, acc[r][b][0]);
+          acc[r][b][1] = _mm256_fmadd_ps(w[2 * e + 1], xv, acc[r][b][1]);
+        }
     }
   }
-  const __m256 undo = _mm256_set1_ps(256.f);
+  // Every loop over acc is unrolled: an index GCC cannot resolve at compile time keeps the array
+  // in memory, with a store after every FMA.
+#pragma GCC unroll 16
   for (int b = 0; b < NB; ++b) {
     const __m256 s = _mm256_set1_ps(sw_scalar[b]);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
-      add_block(T + r * kPanel, _mm256_mul_ps(acc[r][b][0], undo), _mm256_mul_ps(acc[r][b][1], undo),
-                sa[r * lds + kb + b], s, s);
+      add_block(T + r * kPanel, acc[r][b][0], acc[r][b][1], sa[r * lds + kb + b], s, s);
   }
 }
 
@@ -195,6 +218,7 @@ inline void fp4_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) {
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b)
@@ -211,9 +235,11 @@ inline void fp4_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
           }
       }
   }
+#pragma GCC unroll 16
   for (int b = 0; b < NB; ++b) {
     const uint8_t* sp = pb + b * kFp4BlockBytes + kFp4CodeBytes;
     const __m256 s0 = fp4_scales(sp, e8, 0), s1 = fp4_scales(sp, e8, 1);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) add_block(T + r * kPanel, acc[r][b][0], acc[r][b][1], sa[r * lds + kb + b], s0, s1);
   }
 }
@@ -221,15 +247,16 @@ inline void fp4_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
 // Converts blocks kb0..kb1 of a repacked panel into the [k][16] fp32 chunk the panel path uses.
 void packed_fp8_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const uint8_t* srow, const float* e8, float* panel,
                       float* sw) {
-  const __m256 undo = _mm256_set1_ps(256.f);
   for (int64_t kb = kb0; kb < kb1; ++kb) {
     const uint8_t* pb = pp + kb * kFp8BlockBytes;
     float* dst = panel + (kb - kb0) * 32 * kPanel;
-    for (int t = 0; t < 32; ++t) {
-      __m256 w0, w1;
-      cvt_fp8x16(pb + t * kPanel, w0, w1);
-      _mm256_storeu_ps(dst + (t ^ 1) * kPanel, _mm256_mul_ps(w0, undo));
-      _mm256_storeu_ps(dst + (t ^ 1) * kPanel + 8, _mm256_mul_ps(w1, undo));
+    for (int u = 0; u < 16; ++u) {
+      __m256 w[4];
+      fp8_unit(pb + u * 32, w);
+      for (int e = 0; e < 2; ++e) {
+        _mm256_storeu_ps(dst + (2 * u + 1 - e) * kPanel, w[2 * e]);
+        _mm256_storeu_ps(dst + (2 * u + 1 - e) * kPanel + 8, w[2 * e + 1]);
+      }
     }
     for (int c = 0; c < kPanel; ++c) sw[(kb - kb0) * kPanel + c] = e8[srow[kb]];
   }
@@ -367,9 +394,12 @@ void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
       for (int c = 0; c < kPanel; ++c) {
         const int64_t n = p * kPanel + c;
         const uint8_t* src = n < w.out ? w.w + n * K : nullptr;
+        int at[2];
+        for (int e = 0; e < 2; ++e) at[e] = fp8_unit_byte(c, e);
         for (int64_t kb = 0; kb < nkb; ++kb) {
-          uint8_t* d = dst + (p * nkb + kb) * kFp8BlockBytes + c;
-          for (int t = 0; t < 32; ++t) d[t * kPanel] = src ? src[kb * 32 + (t ^ 1)] : 0;
+          uint8_t* d = dst + (p * nkb + kb) * kFp8BlockBytes;
+          for (int u = 0; u < 16; ++u)
+            for (int e = 0; e < 2; ++e) d[u * 32 + at[e]] = src ? src[kb * 32 + 2 * u + e] : 0;
         }
       }
   });
@@ -499,12 +529,13 @@ void linear_f64(const float* x, int64_t m, int64_t N, int64_t K, Dequant&& dq, O
             a[i][1] = _mm256_fmadd_pd(x1, _mm256_loadu_pd(wd + i * K + k + 4), a[i][1]);
           }
         }
+        alignas(32) double l[kRows64][4];
+#pragma GCC unroll 8
+        for (int i = 0; i < kRows64; ++i) _mm256_store_pd(l[i], _mm256_add_pd(a[i][0], a[i][1]));  // constant indices: a stays in registers
         for (int i = 0; i < rows; ++i) {
-          alignas(32) double l[4];
-          _mm256_store_pd(l, _mm256_add_pd(a[i][0], a[i][1]));
           double tail = 0;
           for (int64_t k = K8; k < K; ++k) tail += xr[k] * wd[i * K + k];
-          y[r * N + n0 + i] = out(float(((l[0] + l[1]) + (l[2] + l[3])) + tail));
+          y[r * N + n0 + i] = out(float(((l[i][0] + l[i][1]) + (l[i][2] + l[i][3])) + tail));
         }
       }
     }
@@ -516,14 +547,6 @@ inline void store_pd8(double* d, __m256 f) {
   _mm256_storeu_pd(d + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
 }
 
-// 8 E4M3 codes -> fp32 values exactly (NaN codes 0x7f/0xff included).
-inline __m256 e4m3x8(const uint8_t* p) {
-  const __m128i c = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  __m128i h = _mm_and_si128(_mm_slli_epi16(c, 7), _mm_set1_epi16(int16_t(0xbf80)));
-  const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x3f80)), _mm_set1_epi16(0x3f80));
-  h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan);
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
-}
 }  // namespace
 
 void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
@@ -559,22 +582,118 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
       [](float v) { return v; }, y, pool);
 }
 
-// The weight is e4m3 x its block's scale in fp32 (exact), as the reference dequantizes it.
+// The weight is e4m3 x its block's scale in fp32 (exact), as the reference dequantizes it. Codes
+// are converted 32 at a time with the FP8 unit's shuffles (fp8_unit's bit trick), which leaves
+// them in "unit order" within each 32-wide K block; x is permuted the same way, so the products
+// are the same and the exact fp64 sum does not depend on the order.
+namespace {
+// Position p = 8f + l of the unit order holds K offset unit_source(p) of the block.
+inline int unit_source(int p) {
+  const int f = p / 8, l = p % 8;
+  return l < 4 ? 4 * f + l : 16 + 4 * f + (l - 4);
+}
+
+// 32 codes at p -> fp32 weights (code value x scale, exactly the reference's fp32 product) in unit
+// order. Scalar for a block holding an E4M3 NaN code (the bit trick has no NaN) or a scale above
+// 2^7 (2^120 x scale would overflow).
+inline void dequant_unit(const uint8_t* p, uint8_t scale_code, const float* e8, const float* t8, __m256 (&v)[4]) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i nan = _mm256_cmpeq_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x7f)), _mm256_set1_epi8(0x7f));
+  if (scale_code > 134 || _mm256_movemask_epi8(nan)) {
+    alignas(32) float f[32];
+    for (int q = 0; q < 32; ++q) f[q] = t8[p[unit_source(q)]] * e8[scale_code];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_load_ps(f + 8 * i);
+    return;
+  }
+  const __m256i z = _mm256_setzero_si256(), w0 = _mm256_unpacklo_epi8(z, b), w1 = _mm256_unpackhi_epi8(z, b);
+  const __m256i d[4] = {_mm256_unpacklo_epi16(z, w0), _mm256_unpackhi_epi16(z, w0), _mm256_unpacklo_epi16(z, w1),
+                        _mm256_unpackhi_epi16(z, w1)};
+  // e4m3 x 2^-120 times 2^120 x scale: one rounding of the exact value x scale, as the reference's.
+  const __m256 factor = _mm256_set1_ps(0x1p120f * e8[scale_code]), mask = _mm256_castsi256_ps(_mm256_set1_epi32(int(0x87f00000u)));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(_mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(d[i], 4)), mask), factor);
+}
+
+void permute_units(const float* x, int64_t m, int64_t K, float* xp) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * K;
+    float* pr = xp + r * K;
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32)
+      for (int q = 0; q < 32; ++q) pr[k + q] = xr[k + unit_source(q)];
+    for (; k < K; ++k) pr[k] = xr[k];
+  }
+}
+
+// One x row (decode): four weight rows per pass converted in registers and summed in fp64.
+void fp8_dequant_row(const float* xp, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  const float* e8 = detail::e8m0_table();
+  const float* t8 = e4m3_values().data();
+  const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32, K32 = K / 32 * 32;
+  thread_local std::vector<double> xs;
+  if (int64_t(xs.size()) < K) xs.resize(size_t(K));
+  double* xd = xs.data();
+  for (int64_t k = 0; k < K; ++k) xd[k] = xp[k];
+  run(pool, (N + kRows64 - 1) / kRows64, 1, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kRows64;
+      const int rows = int(std::min<int64_t>(kRows64, N - n0));
+      const uint8_t* wr[kRows64];
+      const uint8_t* sr[kRows64];
+      for (int i = 0; i < kRows64; ++i) {
+        const int64_t n = n0 + std::min(i, rows - 1);  // short tile: repeat the last row
+        wr[i] = w.w + n * K, sr[i] = w.scale + (n / 32) * nkb;
+      }
+      __m256d a[kRows64][2];
+#pragma GCC unroll 8
+      for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm256_setzero_pd();
+      for (int64_t k = 0; k < K32; k += 32) {
+#pragma GCC unroll 8
+        for (int i = 0; i < kRows64; ++i) {
+          _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + 256), _MM_HINT_T0);
+          __m256 v[4];
+          dequant_unit(wr[i] + k, sr[i][k / 32], e8, t8, v);
+#pragma GCC unroll 4
+          for (int f = 0; f < 4; ++f) {
+            a[i][0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v[f])), _mm256_loadu_pd(xd + k + 8 * f), a[i][0]);
+            a[i][1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v[f], 1)), _mm256_loadu_pd(xd + k + 8 * f + 4), a[i][1]);
+          }
+        }
+      }
+      alignas(32) double l[kRows64][4];
+#pragma GCC unroll 8
+      for (int i = 0; i < kRows64; ++i) _mm256_store_pd(l[i], _mm256_add_pd(a[i][0], a[i][1]));
+      for (int i = 0; i < rows; ++i) {
+        double tail = 0;
+        for (int64_t k = K32; k < K; ++k) tail += xd[k] * double(t8[wr[i][k]] * e8[sr[i][k / 32]]);
+        y[n0 + i] = round_bf16(float(((l[i][0] + l[i][1]) + (l[i][2] + l[i][3])) + tail));
+      }
+    }
+  });
+}
+}  // namespace
+
 void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
-  const auto& t8 = e4m3_values();
-  const int64_t K = w.in, nkb = (K + 31) / 32;
+  const float* t8 = e4m3_values().data();
+  const int64_t K = w.in, nkb = (K + 31) / 32, K32 = K / 32 * 32;
+  thread_local std::vector<float> xperm;
+  if (int64_t(xperm.size()) < m * K) xperm.resize(size_t(m * K));
+  permute_units(x, m, K, xperm.data());
+  if (m == 1) return fp8_dequant_row(xperm.data(), w, y, pool);
   linear_f64(
-      x, m, w.out, K,
+      xperm.data(), m, w.out, K,
       [&](int64_t n0, int rows, double* wd) {
         for (int i = 0; i < rows; ++i) {
           const int64_t n = n0 + i;
           const uint8_t* wr = w.w + n * K;
           const uint8_t* sr = w.scale + (n / 32) * nkb;
-          int64_t k = 0;
-          for (; k + 8 <= K; k += 8)
-            store_pd8(wd + i * K + k, _mm256_mul_ps(e4m3x8(wr + k), _mm256_set1_ps(e8[sr[k / 32]])));
-          for (; k < K; ++k) wd[i * K + k] = double(t8[wr[k]] * e8[sr[k / 32]]);
+          for (int64_t k = 0; k < K32; k += 32) {
+            __m256 v[4];
+            dequant_unit(wr + k, sr[k / 32], e8, t8, v);
+            for (int f = 0; f < 4; ++f) store_pd8(wd + i * K + k + 8 * f, v[f]);
+          }
+          for (int64_t k = K32; k < K; ++k) wd[i * K + k] = double(t8[wr[k]] * e8[sr[k / 32]]);
         }
       },
       [](float v) { return round_bf16(v); }, y, pool);
@@ -617,7 +736,9 @@ inline void logits_tile(const float* xs, int64_t ldx, const uint16_t* const* wr,
         }
       }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
     for (int i = 0; i < R; ++i) out[r * ldo + i] = reduce16(acc[r][i][0], acc[r][i][1]);
 }
 }  // namespace
@@ -807,6 +928,54 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       float* oh = out + size_t(h0 + h) * d;
       for (int i = 0; i < d; ++i) oh[i] = round_bf16(ah[i] / dn);
     }
+  }
+}
+
+// ---- indexer scores: fp64 dots over 4 lanes, four keys per pass ----
+// FP4-valued q and k: every product has a few significant bits and the fp64 sum is exact in any
+// order, so this is the reference's bits; the per-head epilogue is the reference's scalar code.
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
+  constexpr int KB = 4;
+  thread_local std::vector<double> qs, ks;
+  if (qs.size() < size_t(n_heads) * d) qs.resize(size_t(n_heads) * d);
+  if (ks.size() < size_t(KB) * d) ks.resize(size_t(KB) * d);
+  double* qd = qs.data();
+  for (size_t i = 0; i < size_t(n_heads) * d; ++i) qd[i] = q[i];
+  for (int64_t u0 = 0; u0 < n; u0 += KB) {
+    const int nk = int(std::min<int64_t>(KB, n - u0));
+    const double* kd[KB];
+    for (int b = 0; b < KB; ++b) {
+      double* dst = ks.data() + size_t(b) * d;
+      kd[b] = dst;
+      if (b < nk)
+        for (int i = 0; i < d; i += 8) store_pd8(dst + i, _mm256_loadu_ps(keys[u0 + b] + i));
+      else
+        std::fill(dst, dst + d, 0.0);  // padding lanes: computed, never stored
+    }
+    float acc[KB] = {0.f, 0.f, 0.f, 0.f};
+    for (int h = 0; h < n_heads; ++h) {
+      const double* qh = qd + size_t(h) * d;
+      __m256d a[KB][2];
+#pragma GCC unroll 4
+      for (int b = 0; b < KB; ++b) a[b][0] = a[b][1] = _mm256_setzero_pd();
+      for (int i = 0; i < d; i += 8) {
+        const __m256d q0 = _mm256_loadu_pd(qh + i), q1 = _mm256_loadu_pd(qh + i + 4);
+#pragma GCC unroll 4
+        for (int b = 0; b < KB; ++b) {
+          a[b][0] = _mm256_fmadd_pd(q0, _mm256_loadu_pd(kd[b] + i), a[b][0]);
+          a[b][1] = _mm256_fmadd_pd(q1, _mm256_loadu_pd(kd[b] + i + 4), a[b][1]);
+        }
+      }
+      alignas(32) double dots[KB];
+      _mm256_store_pd(dots, sum4(_mm256_add_pd(a[0][0], a[0][1]), _mm256_add_pd(a[1][0], a[1][1]),
+                                 _mm256_add_pd(a[2][0], a[2][1]), _mm256_add_pd(a[3][0], a[3][1])));
+#pragma GCC unroll 4
+      for (int b = 0; b < KB; ++b) {
+        const float v = std::max(round_bf16(float(dots[b])), 0.f);
+        acc[b] += round_bf16(v * w[h]);
+      }
+    }
+    for (int b = 0; b < nk; ++b) out[u0 + b] = round_bf16(acc[b]);
   }
 }
 

@@ -68,4 +68,5 @@ void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool);
 void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool);
 void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);
 void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y);
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
 }  // namespace di::kern::avx2
