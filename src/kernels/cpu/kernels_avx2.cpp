@@ -37,7 +37,7 @@ namespace {
 
 constexpr int kPanel = 16;
 constexpr int kChunkBlocks = 8;  // 8 x 32 k x 16 columns x 4 B = 16 KB
-constexpr int kRowTile = 4;
+constexpr int kRowTile = 6;  // rows per microkernel pass: 12 accumulators hide the FMA latency
 
 template <class F>
 void run(ThreadPool* pool, int64_t n, int64_t grain, F&& f) {
@@ -277,6 +277,48 @@ void packed_fp4_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const float* 
   }
 }
 
+// act_quant_fp8 of one row (K % 32 == 0) straight to E4M3 values, bit for bit: the block's scale
+// as the reference computes it, x / scale clamped to +-448, then rounded to E4M3 in the fp32
+// bits (RNE to 3 mantissa bits; below 2^-6, to multiples of 2^-9 by adding and removing 2^14).
+// A block holding a NaN takes the scalar code.
+void quant_row(const float* x, int64_t K, float* xq, float* sa, uint8_t* codes) {
+  const auto& t8 = e4m3_values();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), lim = _mm256_set1_ps(448.f);
+  const __m256 small = _mm256_set1_ps(0x1p-6f), magic = _mm256_set1_ps(0x1p14f);
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7ffff), keep = _mm256_set1_epi32(int(0xfff00000u));
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + b * 32;
+    __m256 v[4], amax = _mm256_set1_ps(1e-4f), nan = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], abs_mask));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(nan)) {
+      act_quant_fp8(xb, 32, codes, sa + b, 32);
+      for (int i = 0; i < 32; ++i) xq[b * 32 + i] = t8[codes[i]];
+      continue;
+    }
+    alignas(32) float mx[8];
+    _mm256_store_ps(mx, amax);
+    float a = mx[0];
+    for (int i = 1; i < 8; ++i) a = std::max(a, mx[i]);
+    const float scale = pow2_ceil(a * (1.0f / 448.0f));
+    sa[b] = scale;
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (int i = 0; i < 4; ++i) {
+      const __m256 q = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(v[i], sv), _mm256_sub_ps(_mm256_setzero_ps(), lim)), lim);
+      const __m256 mag = _mm256_and_ps(q, abs_mask), sign = _mm256_andnot_ps(abs_mask, q);
+      const __m256i bits = _mm256_castps_si256(mag);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 20), one);
+      const __m256 normal = _mm256_castsi256_ps(_mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(bias, lsb)), keep));
+      const __m256 sub = _mm256_sub_ps(_mm256_add_ps(mag, magic), magic);
+      const __m256 r = _mm256_blendv_ps(normal, sub, _mm256_cmp_ps(mag, small, _CMP_LT_OQ));
+      _mm256_storeu_ps(xq + b * 32 + 8 * i, _mm256_or_ps(r, sign));
+    }
+  }
+}
+
 struct ActScratch {
   std::vector<uint8_t> codes;
   std::vector<float> xq, sa;
@@ -294,11 +336,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Chunk chunk, Dire
   thread_local ActScratch act;
   if (int64_t(act.xq.size()) < m * K) act.xq.resize(size_t(m * K)), act.codes.resize(size_t(m * K));
   if (int64_t(act.sa.size()) < m * nkb) act.sa.resize(size_t(m * nkb));
-  const auto& t8 = e4m3_values();
-  for (int64_t r = 0; r < m; ++r) {
-    act_quant_fp8(x + r * K, K, act.codes.data() + r * K, act.sa.data() + r * nkb, 32);
-    for (int64_t k = 0; k < K; ++k) act.xq[size_t(r * K + k)] = t8[act.codes[size_t(r * K + k)]];
-  }
+  for (int64_t r = 0; r < m; ++r) quant_row(x + r * K, K, act.xq.data() + r * K, act.sa.data() + r * nkb, act.codes.data());
   const float* xq = act.xq.data();
   const float* sa = act.sa.data();
   const bool in_registers = use_direct && m <= kDirectRows;
@@ -328,7 +366,9 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Chunk chunk, Dire
               case 1: micro<1>(xr, K, sr, nkb, panel, sw, nb, tr); break;
               case 2: micro<2>(xr, K, sr, nkb, panel, sw, nb, tr); break;
               case 3: micro<3>(xr, K, sr, nkb, panel, sw, nb, tr); break;
-              default: micro<4>(xr, K, sr, nkb, panel, sw, nb, tr); break;
+              case 4: micro<4>(xr, K, sr, nkb, panel, sw, nb, tr); break;
+              case 5: micro<5>(xr, K, sr, nkb, panel, sw, nb, tr); break;
+              default: micro<6>(xr, K, sr, nkb, panel, sw, nb, tr); break;
             }
           }
         }
@@ -499,6 +539,43 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
 namespace {
 constexpr int kRows64 = 4;
 
+// R x rows (xr, stride K) against 2 fp64 weight rows (wd, stride K; `rows` of them are real):
+// per output two 4-lane accumulators (K % 8 < 4, >= 4), then ((l0 + l1) + (l2 + l3)) + tail.
+template <int R, class Out>
+inline void f64_block(const double* xr, int64_t K, int64_t K8, const double* wd, int rows, int64_t r0, int64_t n0,
+                      int64_t N, Out& out, float* y) {
+  __m256d a[R][2][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i) a[r][i][0] = a[r][i][1] = _mm256_setzero_pd();
+  const double* w1 = wd + (rows > 1 ? K : 0);
+  for (int64_t k = 0; k < K8; k += 8) {
+    const __m256d w00 = _mm256_loadu_pd(wd + k), w01 = _mm256_loadu_pd(wd + k + 4);
+    const __m256d w10 = _mm256_loadu_pd(w1 + k), w11 = _mm256_loadu_pd(w1 + k + 4);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256d x0 = _mm256_loadu_pd(xr + r * K + k), x1 = _mm256_loadu_pd(xr + r * K + k + 4);
+      a[r][0][0] = _mm256_fmadd_pd(x0, w00, a[r][0][0]);
+      a[r][0][1] = _mm256_fmadd_pd(x1, w01, a[r][0][1]);
+      a[r][1][0] = _mm256_fmadd_pd(x0, w10, a[r][1][0]);
+      a[r][1][1] = _mm256_fmadd_pd(x1, w11, a[r][1][1]);
+    }
+  }
+  alignas(32) double l[R][2][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i) _mm256_store_pd(l[r][i], _mm256_add_pd(a[r][i][0], a[r][i][1]));
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < rows; ++i) {
+      const double* wi = wd + i * K;
+      double tail = 0;
+      for (int64_t k = K8; k < K; ++k) tail += xr[r * K + k] * wi[k];
+      y[(r0 + r) * N + n0 + i] = out(float(((l[r][i][0] + l[r][i][1]) + (l[r][i][2] + l[r][i][3])) + tail));
+    }
+}
+
 // dq(n0, rows, wd): weight rows n0..n0+rows-1 as fp64 into wd[i * K].
 template <class Dequant, class Out>
 void linear_f64(const float* x, int64_t m, int64_t N, int64_t K, Dequant&& dq, Out&& out, float* y, ThreadPool* pool) {
@@ -516,26 +593,14 @@ void linear_f64(const float* x, int64_t m, int64_t N, int64_t K, Dequant&& dq, O
       const int rows = int(std::min<int64_t>(kRows64, N - n0));
       dq(n0, rows, wd);
       for (int i = rows; i < kRows64; ++i) std::copy(wd, wd + K, wd + i * K);  // short tile: repeat row 0
-      for (int64_t r = 0; r < m; ++r) {
-        const double* xr = xd + r * K;
-        __m256d a[kRows64][2];
-#pragma GCC unroll 8
-        for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm256_setzero_pd();
-        for (int64_t k = 0; k < K8; k += 8) {
-          const __m256d x0 = _mm256_loadu_pd(xr + k), x1 = _mm256_loadu_pd(xr + k + 4);
-#pragma GCC unroll 8
-          for (int i = 0; i < kRows64; ++i) {
-            a[i][0] = _mm256_fmadd_pd(x0, _mm256_loadu_pd(wd + i * K + k), a[i][0]);
-            a[i][1] = _mm256_fmadd_pd(x1, _mm256_loadu_pd(wd + i * K + k + 4), a[i][1]);
-          }
-        }
-        alignas(32) double l[kRows64][4];
-#pragma GCC unroll 8
-        for (int i = 0; i < kRows64; ++i) _mm256_store_pd(l[i], _mm256_add_pd(a[i][0], a[i][1]));  // constant indices: a stays in registers
-        for (int i = 0; i < rows; ++i) {
-          double tail = 0;
-          for (int64_t k = K8; k < K; ++k) tail += xr[k] * wd[i * K + k];
-          y[r * N + n0 + i] = out(float(((l[i][0] + l[i][1]) + (l[i][2] + l[i][3])) + tail));
+      // Blocks of up to 3 x rows x 2 weight rows (12 accumulators, 5 loads per 6 FMAs); every
+      // output's lanes and sequence are those of any other block shape (order fixed by K alone).
+      for (int64_t r0 = 0; r0 < m; r0 += 3) {
+        const int R = int(std::min<int64_t>(3, m - r0));
+        for (int i0 = 0; i0 < rows; i0 += 2) {
+          if (R == 3) f64_block<3>(xd + r0 * K, K, K8, wd + i0 * K, std::min(2, rows - i0), r0, n0 + i0, N, out, y);
+          else if (R == 2) f64_block<2>(xd + r0 * K, K, K8, wd + i0 * K, std::min(2, rows - i0), r0, n0 + i0, N, out, y);
+          else f64_block<1>(xd + r0 * K, K, K8, wd + i0 * K, std::min(2, rows - i0), r0, n0 + i0, N, out, y);
         }
       }
     }
