@@ -719,48 +719,95 @@ void permute_units(const float* x, int64_t m, int64_t K, float* xp) {
   }
 }
 
-// One x row (decode): four weight rows per pass converted in registers and summed in fp64.
-void fp8_dequant_row(const float* xp, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+// One x row (decode), per 32-row scale group: codes go straight to fp64 bits of e4m3 x 2^-1016
+// (each code in the top byte of a word, an arithmetic shift by 7 and a mask put E4M3's exponent
+// in fp64's low exponent bits; two unpacks with zero widen the word to the top of a qword: no
+// conversion instructions) against x x 2^504 x the block's scale, made once per group (exact in
+// fp64, far from overflow for any finite fp32 x). Each product is then exactly 2^-512 x x x
+// (e4m3 x scale), the reference's fp32 weight whenever that weight is a normal fp32 (scale codes
+// 10..134), and the sum is scaled back by 2^512; other blocks, and units holding an E4M3 NaN
+// code, take the table's fp32 weights against x x 2^-512.
+// Position j of a block in this "qword order" holds K offset qword_source(j).
+inline int qword_source(int j) {
+  const int v = j / 4, f = v / 2, hi = v % 2, l = j % 4;  // vector v = (dword vector f, half)
+  static constexpr int kLane[2][4] = {{0, 1, 4, 5}, {2, 3, 6, 7}};
+  return unit_source(8 * f + kLane[hi][l]);
+}
+
+inline void fp8_unit_f64(const uint8_t* p, __m256d (&q)[8]) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), z = _mm256_setzero_si256();
+  const __m256i mask = _mm256_set1_epi16(int16_t(0x80fe));
+  const __m256i w0 = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 7), mask);
+  const __m256i w1 = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 7), mask);
+  const __m256i d[4] = {_mm256_unpacklo_epi16(z, w0), _mm256_unpackhi_epi16(z, w0), _mm256_unpacklo_epi16(z, w1),
+                        _mm256_unpackhi_epi16(z, w1)};
+#pragma GCC unroll 4
+  for (int f = 0; f < 4; ++f) {
+    q[2 * f] = _mm256_castsi256_pd(_mm256_unpacklo_epi32(z, d[f]));
+    q[2 * f + 1] = _mm256_castsi256_pd(_mm256_unpackhi_epi32(z, d[f]));
+  }
+}
+
+void fp8_dequant_row(const float* x, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
   const float* t8 = e4m3_values().data();
   const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32, K32 = K / 32 * 32;
   thread_local std::vector<double> xs;
   if (int64_t(xs.size()) < K) xs.resize(size_t(K));
-  double* xd = xs.data();
-  for (int64_t k = 0; k < K; ++k) xd[k] = xp[k];
-  run(pool, (N + kRows64 - 1) / kRows64, 1, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * kRows64;
-      const int rows = int(std::min<int64_t>(kRows64, N - n0));
-      const uint8_t* wr[kRows64];
-      const uint8_t* sr[kRows64];
-      for (int i = 0; i < kRows64; ++i) {
-        const int64_t n = n0 + std::min(i, rows - 1);  // short tile: repeat the last row
-        wr[i] = w.w + n * K, sr[i] = w.scale + (n / 32) * nkb;
+  double* xu = xs.data();  // x x 2^-512 in qword order
+  for (int64_t k = 0; k < K32; k += 32)
+    for (int j = 0; j < 32; ++j) xu[k + j] = double(x[k + qword_source(j)]) * 0x1p-512;
+  run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
+    thread_local std::vector<double> xgs;
+    thread_local std::vector<uint8_t> fasts;
+    if (int64_t(xgs.size()) < K) xgs.resize(size_t(K)), fasts.resize(size_t(nkb));
+    double* xg = xgs.data();
+    uint8_t* fast = fasts.data();
+    for (int64_t grp = g0; grp < g1; ++grp) {
+      const uint8_t* srow = w.scale + grp * nkb;
+      for (int64_t kb = 0; kb < K32 / 32; ++kb) {
+        fast[kb] = srow[kb] >= 10 && srow[kb] <= 134;
+        const __m256d f = _mm256_set1_pd(0x1p1016 * double(e8[srow[kb]]));  // x 2^-512 already in xu
+        for (int j = 0; j < 32; j += 4) _mm256_storeu_pd(xg + kb * 32 + j, _mm256_mul_pd(_mm256_loadu_pd(xu + kb * 32 + j), f));
       }
-      __m256d a[kRows64][2];
+      const int64_t nrows = std::min<int64_t>(32, N - grp * 32);
+      for (int64_t t0 = 0; t0 < nrows; t0 += kRows64) {
+        const int64_t n0 = grp * 32 + t0;
+        const int rows = int(std::min<int64_t>(kRows64, nrows - t0));
+        const uint8_t* wr[kRows64];
+        for (int i = 0; i < kRows64; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
+        __m256d a[kRows64][2];
 #pragma GCC unroll 8
-      for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm256_setzero_pd();
-      for (int64_t k = 0; k < K32; k += 32) {
+        for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm256_setzero_pd();
+        for (int64_t k = 0; k < K32; k += 32) {
+          const bool block_fast = fast[k / 32];
 #pragma GCC unroll 8
-        for (int i = 0; i < kRows64; ++i) {
-          _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + 256), _MM_HINT_T0);
-          __m256 v[4];
-          dequant_unit(wr[i] + k, sr[i][k / 32], e8, t8, v);
-#pragma GCC unroll 4
-          for (int f = 0; f < 4; ++f) {
-            a[i][0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v[f])), _mm256_loadu_pd(xd + k + 8 * f), a[i][0]);
-            a[i][1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v[f], 1)), _mm256_loadu_pd(xd + k + 8 * f + 4), a[i][1]);
+          for (int i = 0; i < kRows64; ++i) {
+            _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + 512), _MM_HINT_T0);
+            const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + k));
+            const __m256i nan = _mm256_cmpeq_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x7f)), _mm256_set1_epi8(0x7f));
+            __m256d q[8];
+            const double* xk = xg + k;
+            if (block_fast && !_mm256_movemask_epi8(nan)) {
+              fp8_unit_f64(wr[i] + k, q);
+            } else {  // the reference's fp32 weights, against the unscaled x
+              alignas(32) double wd[32];
+              for (int j = 0; j < 32; ++j) wd[j] = double(t8[wr[i][k + qword_source(j)]] * e8[srow[k / 32]]);
+              for (int v = 0; v < 8; ++v) q[v] = _mm256_load_pd(wd + 4 * v);
+              xk = xu + k;
+            }
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; ++v) a[i][v & 1] = _mm256_fmadd_pd(q[v], _mm256_loadu_pd(xk + 4 * v), a[i][v & 1]);
           }
         }
-      }
-      alignas(32) double l[kRows64][4];
+        alignas(32) double l[kRows64][4];
 #pragma GCC unroll 8
-      for (int i = 0; i < kRows64; ++i) _mm256_store_pd(l[i], _mm256_add_pd(a[i][0], a[i][1]));
-      for (int i = 0; i < rows; ++i) {
-        double tail = 0;
-        for (int64_t k = K32; k < K; ++k) tail += xd[k] * double(t8[wr[i][k]] * e8[sr[i][k / 32]]);
-        y[n0 + i] = round_bf16(float(((l[i][0] + l[i][1]) + (l[i][2] + l[i][3])) + tail));
+        for (int i = 0; i < kRows64; ++i) _mm256_store_pd(l[i], _mm256_add_pd(a[i][0], a[i][1]));
+        for (int i = 0; i < rows; ++i) {
+          double tail = 0;
+          for (int64_t k = K32; k < K; ++k) tail += double(x[k]) * double(t8[wr[i][k]] * e8[srow[k / 32]]);
+          y[n0 + i] = round_bf16(float(((l[i][0] + l[i][1]) + (l[i][2] + l[i][3])) * 0x1p512 + tail));
+        }
       }
     }
   });
@@ -771,10 +818,10 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
   const float* e8 = detail::e8m0_table();
   const float* t8 = e4m3_values().data();
   const int64_t K = w.in, nkb = (K + 31) / 32, K32 = K / 32 * 32;
+  if (m == 1) return fp8_dequant_row(x, w, y, pool);
   thread_local std::vector<float> xperm;
   if (int64_t(xperm.size()) < m * K) xperm.resize(size_t(m * K));
   permute_units(x, m, K, xperm.data());
-  if (m == 1) return fp8_dequant_row(xperm.data(), w, y, pool);
   linear_f64(
       xperm.data(), m, w.out, K,
       [&](int64_t n0, int rows, double* wd) {
