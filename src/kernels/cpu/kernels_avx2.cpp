@@ -90,9 +90,12 @@ inline void micro(const float* xq, int64_t ldx, const float* sa, int64_t lds, co
 // value. This uses only cheap shuffles; vcvtph2ps, the other route, is slow on Zen 2. E4M3 NaN
 // codes would need a fix-up per element, so a tensor that holds any is not repacked (the
 // checkpoint-layout path handles it).
-// FP4: per panel, per block, per 8-K group g, per 8-column half h: 32 bytes whose nibbles become
-// eight fp32 vectors of 8 columns (split_fp4); vector v holds K = 8g + (v ^ 1), i.e. again the
-// block sum's order. Then per (panel, block) the 16 columns' E8M0 scale codes. 272 B.
+// FP4: per panel, per block, per 4-K group u, 32 bytes: byte i holds, for column 8 (f % 2) + l
+// (f = (i % 16) / 4, l = i % 4 + 4 [i >= 16], the FP8 unit's unpack order), the even element of
+// pair 2u + f / 2 in its low nibble and the odd one in its high nibble. Unpacked to the top byte of
+// a dword, a shift and a mask give the fp32 bits of the E2M1 value x 2^-126 (E2M1's exponent in
+// fp32's low exponent bits, 0.5 as the fp32 subnormal 2^-127), no table; then the 16 columns' E8M0
+// codes. 272 B.
 constexpr int64_t kFp8BlockBytes = 32 * kPanel;
 constexpr int64_t kFp8Ahead = 4096, kFp4Ahead = 2048;
 constexpr int64_t kFp4CodeBytes = 16 * kPanel, kFp4BlockBytes = kFp4CodeBytes + kPanel;
@@ -103,14 +106,6 @@ bool has_e4m3_nan(const uint8_t* w, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if ((w[i] & 0x7f) == 0x7f) return true;
   return false;
-}
-
-// Byte i (0..31) of an FP4 unit, nibble `hi`: which column (of the 8) and which vector of
-// split_fp4 it feeds (unpack order: vector f of a nibble plane takes bytes 4f..4f+3 and
-// 16+4f..16+4f+3).
-inline void fp4_unit_slot(int i, int hi, int& column, int& vec) {
-  column = (i & 3) + (i >= 16 ? 4 : 0);
-  vec = hi * 4 + ((i & 15) >> 2);
 }
 
 // Which byte of an FP8 unit holds column c (0..15) of the pair's element e (1 = odd, 0 = even):
@@ -141,39 +136,29 @@ inline void fp8_unit(const uint8_t* p, __m256 (&v)[4]) {
   for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(v[i], scale);
 }
 
-struct Fp4Tables {
-  __m256i lo_byte, hi_byte, nibble;
-  Fp4Tables() {
-    alignas(32) uint8_t lo[32], hi[32];
-    for (int i = 0; i < 32; ++i) {
-      const uint32_t b = f32_bits(e2m1_to_f32(uint8_t(i & 15))) >> 16;  // E2M1 values are bf16 values
-      lo[i] = uint8_t(b), hi[i] = uint8_t(b >> 8);
-    }
-    lo_byte = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
-    hi_byte = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
-    nibble = _mm256_set1_epi8(0x0f);
+// An FP4 unit (32 bytes) -> per pair q (0, 1) and column half h, vector 2q + h of the odd
+// elements (odd) and of the even ones (even), as E2M1 value x 2^-126.
+inline void fp4_unit_scaled(const uint8_t* p, __m256 (&odd)[4], __m256 (&even)[4]) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), z = _mm256_setzero_si256();
+  const __m256i w0 = _mm256_unpacklo_epi8(z, b), w1 = _mm256_unpackhi_epi8(z, b);
+  const __m256i d[4] = {_mm256_unpacklo_epi16(z, w0), _mm256_unpackhi_epi16(z, w0), _mm256_unpacklo_epi16(z, w1),
+                        _mm256_unpackhi_epi16(z, w1)};
+  const __m256i mask = _mm256_set1_epi32(int(0x81c00000u));
+#pragma GCC unroll 4
+  for (int f = 0; f < 4; ++f) {
+    odd[f] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(d[f], 6), mask));
+    even[f] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(d[f], 4), 6), mask));
   }
-};
-
-// One nibble plane (32 codes, one per byte) -> four fp32 vectors of 8 (fp32 = bf16 << 16).
-inline void fp4_plane(__m256i codes, const Fp4Tables& t, __m256 (&v)[4]) {
-  const __m256i l = _mm256_shuffle_epi8(t.lo_byte, codes), h = _mm256_shuffle_epi8(t.hi_byte, codes);
-  const __m256i w0 = _mm256_unpacklo_epi8(l, h), w1 = _mm256_unpackhi_epi8(l, h), z = _mm256_setzero_si256();
-  v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w0));
-  v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w0));
-  v[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w1));
-  v[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w1));
 }
 
-// An FP4 unit (32 bytes) -> eight fp32 vectors of 8 columns, vector v = K offset v ^ 1.
-inline void split_fp4(const uint8_t* p, const Fp4Tables& t, __m256 (&lo)[4], __m256 (&hi)[4]) {
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  fp4_plane(_mm256_and_si256(b, t.nibble), t, lo);
-  fp4_plane(_mm256_and_si256(_mm256_srli_epi16(b, 4), t.nibble), t, hi);
-}
-
-inline __m256 fp4_scales(const uint8_t* p, const float* e8, int half) {
-  return _mm256_i32gather_ps(e8, _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half))), 4);
+// 8 E8M0 codes -> 2^(code - 127): the code is the fp32 exponent field, except 0 (2^-127, an fp32
+// subnormal) and 255 (NaN). No gather: a vgatherdps per 8 scales was ~30 % of an FP4 block.
+inline __m256 fp4_scales(const uint8_t* p, const float*, int half) {
+  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half)));
+  __m256i bits = _mm256_slli_epi32(c, 23);
+  bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(c, _mm256_setzero_si256()));
+  bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(c, _mm256_set1_epi32(255)));
+  return _mm256_castsi256_ps(bits);
 }
 
 // T[r] += (block sum x act scale) x weight scale, the block order of the panel path (micro).
@@ -226,45 +211,46 @@ inline void fp8_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
   }
 }
 
+// As fp8_blocks: weights as E2M1 value x 2^-126 against x x 2^118, so every product is the exact
+// one x 2^-8 (normal) and the block sum x 2^8 restores the unscaled chain's bits.
 template <int R, int NB>
 inline void fp4_blocks(const float* xq, int64_t ldx, const float* sa, int64_t lds, const uint8_t* pb, int64_t kb,
-                       const float* e8, const Fp4Tables& tb, float* T) {
+                       const float* e8, float* T) {
   __m256 acc[R][NB][2];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
-#pragma GCC unroll 4
-  for (int g = 0; g < 4; ++g) {
-    for (int l = 0; l < NB * 4; l += 2)  // 64 bytes per unit pair of each block, kFp4Ahead ahead
-      _mm_prefetch(reinterpret_cast<const char*>(pb + kFp4Ahead + (g * NB * 4 + l) * 32), _MM_HINT_T0);
+  for (int u = 0; u < 8; ++u) {
+    for (int l = 0; l < NB * 2; l += 2)  // this pass reads 32 bytes of each block: 64 of NB
+      _mm_prefetch(reinterpret_cast<const char*>(pb + kFp4Ahead + (u * NB + l / 2) * 32), _MM_HINT_T0);
 #pragma GCC unroll 16
-    for (int b = 0; b < NB; ++b)
+    for (int b = 0; b < NB; ++b) {
+      __m256 odd[4], even[4];
+      fp4_unit_scaled(pb + b * kFp4BlockBytes + u * 32, odd, even);
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        // One nibble plane at a time (4 vectors live, not 8: fewer spills); same FMA order.
-        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + b * kFp4BlockBytes + (g * 2 + h) * 32));
-#pragma GCC unroll 2
-        for (int plane = 0; plane < 2; ++plane) {
-          __m256 v4[4];
-          fp4_plane(_mm256_and_si256(plane ? _mm256_srli_epi16(bytes, 4) : bytes, tb.nibble), tb, v4);
-#pragma GCC unroll 4
-          for (int f = 0; f < 4; ++f)
+      for (int q = 0; q < 2; ++q)
 #pragma GCC unroll 16
-            for (int r = 0; r < R; ++r) {
-              const int v = plane * 4 + f;
-              const __m256 xv = _mm256_broadcast_ss(xq + r * ldx + (kb + b) * 32 + g * 8 + (v ^ 1));
-              acc[r][b][h] = _mm256_fmadd_ps(v4[f], xv, acc[r][b][h]);
-            }
+        for (int r = 0; r < R; ++r) {
+          const float* xk = xq + r * ldx + (kb + b) * 32 + 4 * u + 2 * q;
+          const __m256 xo = _mm256_broadcast_ss(xk + 1), xe = _mm256_broadcast_ss(xk);
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) {
+            acc[r][b][h] = _mm256_fmadd_ps(odd[2 * q + h], xo, acc[r][b][h]);
+            acc[r][b][h] = _mm256_fmadd_ps(even[2 * q + h], xe, acc[r][b][h]);
+          }
         }
-      }
+    }
   }
+  const __m256 undo = _mm256_set1_ps(256.f);
 #pragma GCC unroll 16
   for (int b = 0; b < NB; ++b) {
     const uint8_t* sp = pb + b * kFp4BlockBytes + kFp4CodeBytes;
     const __m256 s0 = fp4_scales(sp, e8, 0), s1 = fp4_scales(sp, e8, 1);
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) add_block(T + r * kPanel, acc[r][b][0], acc[r][b][1], sa[r * lds + kb + b], s0, s1);
+    for (int r = 0; r < R; ++r)
+      add_block(T + r * kPanel, _mm256_mul_ps(acc[r][b][0], undo), _mm256_mul_ps(acc[r][b][1], undo), sa[r * lds + kb + b],
+                s0, s1);
   }
 }
 
@@ -285,17 +271,21 @@ void packed_fp8_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const uint8_t
     for (int c = 0; c < kPanel; ++c) sw[(kb - kb0) * kPanel + c] = e8[srow[kb]];
   }
 }
-void packed_fp4_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const float* e8, const Fp4Tables& tb, float* panel,
-                      float* sw) {
+void packed_fp4_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const float* e8, float* panel, float* sw) {
+  const __m256 scale = _mm256_set1_ps(0x1p126f);
   for (int64_t kb = kb0; kb < kb1; ++kb) {
     const uint8_t* pb = pp + kb * kFp4BlockBytes;
     float* dst = panel + (kb - kb0) * 32 * kPanel;
-    for (int g = 0; g < 4; ++g)
-      for (int h = 0; h < 2; ++h) {
-        __m256 lo[4], hi[4];
-        split_fp4(pb + (g * 2 + h) * 32, tb, lo, hi);
-        for (int v = 0; v < 8; ++v) _mm256_storeu_ps(dst + (g * 8 + (v ^ 1)) * kPanel + 8 * h, v < 4 ? lo[v] : hi[v - 4]);
-      }
+    for (int u = 0; u < 8; ++u) {
+      __m256 odd[4], even[4];
+      fp4_unit_scaled(pb + u * 32, odd, even);
+      for (int q = 0; q < 2; ++q)
+        for (int h = 0; h < 2; ++h) {
+          const int k = 4 * u + 2 * q;
+          _mm256_storeu_ps(dst + (k + 1) * kPanel + 8 * h, _mm256_mul_ps(odd[2 * q + h], scale));
+          _mm256_storeu_ps(dst + k * kPanel + 8 * h, _mm256_mul_ps(even[2 * q + h], scale));
+        }
+    }
     _mm256_storeu_ps(sw + (kb - kb0) * kPanel, fp4_scales(pb + kFp4CodeBytes, e8, 0));
     _mm256_storeu_ps(sw + (kb - kb0) * kPanel + 8, fp4_scales(pb + kFp4CodeBytes, e8, 1));
   }
@@ -415,7 +405,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Chunk chunk, Dire
 template <int R>
 void fp8_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, const uint8_t* srow, const float* e8,
                 float* T) {
-  constexpr int NB = R == 1 ? 4 : R == 2 ? 2 : 1;
+  constexpr int NB = R == 1 ? 2 : 1;
   const int64_t nkb = K / 32;
   int64_t kb = 0;
   for (; kb + NB <= nkb; kb += NB) {
@@ -429,13 +419,12 @@ void fp8_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, 
   }
 }
 template <int R>
-void fp4_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, const float* e8, const Fp4Tables& tb,
-                float* T) {
+void fp4_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, const float* e8, float* T) {
   constexpr int NB = R == 1 ? 2 : 1;
   const int64_t nkb = K / 32;
   int64_t kb = 0;
-  for (; kb + NB <= nkb; kb += NB) fp4_blocks<R, NB>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, e8, tb, T);
-  for (; kb < nkb; ++kb) fp4_blocks<R, 1>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, e8, tb, T);
+  for (; kb + NB <= nkb; kb += NB) fp4_blocks<R, NB>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, e8, T);
+  for (; kb < nkb; ++kb) fp4_blocks<R, 1>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, e8, T);
 }
 template <class F>
 void by_rows(int R, F&& f) {
@@ -478,36 +467,18 @@ void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
 
 void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
   const int64_t K = w.in, nkb = K / 32;
-  // Where code k (0..31 of a block) of a panel's column c goes: byte offset in the block, shift.
-  struct Slot {
-    uint8_t byte, shift;
-  };
-  static const auto slots = [] {
-    std::array<std::array<Slot, 32>, kPanel> t{};
-    for (int g = 0; g < 4; ++g)
-      for (int h = 0; h < 2; ++h)
-        for (int i = 0; i < 32; ++i)
-          for (int hi = 0; hi < 2; ++hi) {
-            int column, vec;
-            fp4_unit_slot(i, hi, column, vec);
-            t[size_t(8 * h + column)][size_t(g * 8 + (vec ^ 1))] = {uint8_t((g * 2 + h) * 32 + i), uint8_t(4 * hi)};
-          }
-    return t;
-  }();
   run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t kb = 0; kb < nkb; ++kb) {
         uint8_t* d = dst + (p * nkb + kb) * kFp4BlockBytes;
-        std::fill(d, d + kFp4CodeBytes, uint8_t(0));
         for (int c = 0; c < kPanel; ++c) {
           const int64_t n = p * kPanel + c;
           d[kFp4CodeBytes + c] = n < w.out ? w.scale[n * nkb + kb] : 127;
-          if (n >= w.out) continue;
-          const uint8_t* src = w.w + n * (K / 2) + kb * 16;
-          for (int k = 0; k < 32; ++k) {
-            const Slot sl = slots[size_t(c)][size_t(k)];
-            d[sl.byte] = uint8_t(d[sl.byte] | ((src[k / 2] >> (4 * (k & 1))) & 15) << sl.shift);
-          }
+          // A checkpoint byte is one pair (even element low), as the unit wants it.
+          const int f0 = c / 8, l = c % 8, at = l < 4 ? 4 * f0 + l : 16 + 4 * f0 + (l - 4);
+          const uint8_t* src = n < w.out ? w.w + n * (K / 2) + kb * 16 : nullptr;
+          for (int u = 0; u < 8; ++u)
+            for (int q = 0; q < 2; ++q) d[u * 32 + at + 8 * q] = src ? src[2 * u + q] : 0;
         }
       }
   });
@@ -540,14 +511,13 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
 }
 
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
-  static const Fp4Tables tables;
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, nkb = K / 32;
   const uint8_t* packed = w.packed_layout == detail::kLayoutAvx2 ? w.packed : nullptr;
   linear_q(
       x, m, K, w.out,
       [&](int64_t p, int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* panel, float* sw) {
-        if (packed) return packed_fp4_chunk(packed + p * nkb * kFp4BlockBytes, kb0, kb1, e8, tables, panel, sw);
+        if (packed) return packed_fp4_chunk(packed + p * nkb * kFp4BlockBytes, kb0, kb1, e8, panel, sw);
         for (int c = 0; c < kPanel; ++c)
           for (int64_t k = kb0 * 32; k < kb1 * 32; ++k)
             panel[(k - kb0 * 32) * kPanel + c] = c < nvalid ? e2m1_to_f32(fp4_get(w.w + (n0 + c) * (K / 2), k)) : 0.f;
@@ -556,10 +526,10 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
       },
       [&](int64_t p, int R, const float* xq, const float* sa, float* T) {
         by_rows(R, [&](auto r) {
-          fp4_direct<decltype(r)::value>(xq, K, sa, packed + p * nkb * kFp4BlockBytes, e8, tables, T);
+          fp4_direct<decltype(r)::value>(xq, K, sa, packed + p * nkb * kFp4BlockBytes, e8, T);
         });
       },
-      packed != nullptr, 1.f, y, pool);
+      packed != nullptr, 0x1p118f, y, pool);
 }
 
 // ---- fp64 linears (bf16, fp32, FP8 x block scale weights) ----
