@@ -82,14 +82,13 @@ inline void micro(const float* xq, int64_t ldx, const float* sa, int64_t lds, co
 
 // ---- load-time repacked layout ----
 // FP8: per 16-column panel, per 32-wide K block, per K pair u, 32 bytes: both elements of the
-// pair for the 16 columns, arranged so that in-lane byte/word unpacks with zero (the same data
-// movement as FP4's, fp8_unit) put each code in the top byte of the fp32 lane of its column, odd
-// element first (the block sum's order); 512 B. An arithmetic shift by 4 and a mask then give the
-// fp32 bits of e4m3 x 2^-120 (E4M3's exponent field lands in fp32's low exponent bits, and its
-// subnormals become fp32 subnormals of the same scale), and one multiply by 2^120 the exact
-// value. This uses only cheap shuffles; vcvtph2ps, the other route, is slow on Zen 2. E4M3 NaN
-// codes would need a fix-up per element, so a tensor that holds any is not repacked (the
-// checkpoint-layout path handles it).
+// pair for the 16 columns, placed so that in-lane byte and word unpacks with zero (fp8_unit)
+// put each code in the top of its column's fp32 lane, odd element first (the block sum's order);
+// 512 B. A shift and a mask turn a code into the bits of e4m3 x 2^-120 (E4M3's exponent lands in
+// the low exponent bits, its subnormals become subnormals of the same scale): only cheap
+// shuffles and shifts (vcvtph2ps, the other route, is slow on Zen 2). E4M3 NaN codes would need a
+// fix-up per element, so a tensor that holds any is not repacked (the checkpoint-layout path
+// handles it).
 // FP4: per panel, per block, per 4-K group u, 32 bytes: byte i holds, for column 8 (f % 2) + l
 // (f = (i % 16) / 4, l = i % 4 + 4 [i >= 16], the FP8 unit's unpack order), the even element of
 // pair 2u + f / 2 in its low nibble and the odd one in its high nibble. Unpacked to the top byte of
@@ -153,7 +152,7 @@ inline void fp4_unit_scaled(const uint8_t* p, __m256 (&odd)[4], __m256 (&even)[4
 
 // 8 E8M0 codes -> 2^(code - 127): the code is the fp32 exponent field, except 0 (2^-127, an fp32
 // subnormal) and 255 (NaN). No gather: a vgatherdps per 8 scales was ~30 % of an FP4 block.
-inline __m256 fp4_scales(const uint8_t* p, const float*, int half) {
+inline __m256 fp4_scales(const uint8_t* p, int half) {
   const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half)));
   __m256i bits = _mm256_slli_epi32(c, 23);
   bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(c, _mm256_setzero_si256()));
@@ -215,7 +214,7 @@ inline void fp8_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
 // one x 2^-8 (normal) and the block sum x 2^8 restores the unscaled chain's bits.
 template <int R, int NB>
 inline void fp4_blocks(const float* xq, int64_t ldx, const float* sa, int64_t lds, const uint8_t* pb, int64_t kb,
-                       const float* e8, float* T) {
+                       float* T) {
   __m256 acc[R][NB][2];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -246,7 +245,7 @@ inline void fp4_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
 #pragma GCC unroll 16
   for (int b = 0; b < NB; ++b) {
     const uint8_t* sp = pb + b * kFp4BlockBytes + kFp4CodeBytes;
-    const __m256 s0 = fp4_scales(sp, e8, 0), s1 = fp4_scales(sp, e8, 1);
+    const __m256 s0 = fp4_scales(sp, 0), s1 = fp4_scales(sp, 1);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
       add_block(T + r * kPanel, _mm256_mul_ps(acc[r][b][0], undo), _mm256_mul_ps(acc[r][b][1], undo), sa[r * lds + kb + b],
@@ -271,7 +270,7 @@ void packed_fp8_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const uint8_t
     for (int c = 0; c < kPanel; ++c) sw[(kb - kb0) * kPanel + c] = e8[srow[kb]];
   }
 }
-void packed_fp4_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const float* e8, float* panel, float* sw) {
+void packed_fp4_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, float* panel, float* sw) {
   const __m256 scale = _mm256_set1_ps(0x1p126f);
   for (int64_t kb = kb0; kb < kb1; ++kb) {
     const uint8_t* pb = pp + kb * kFp4BlockBytes;
@@ -286,8 +285,8 @@ void packed_fp4_chunk(const uint8_t* pp, int64_t kb0, int64_t kb1, const float* 
           _mm256_storeu_ps(dst + k * kPanel + 8 * h, _mm256_mul_ps(even[2 * q + h], scale));
         }
     }
-    _mm256_storeu_ps(sw + (kb - kb0) * kPanel, fp4_scales(pb + kFp4CodeBytes, e8, 0));
-    _mm256_storeu_ps(sw + (kb - kb0) * kPanel + 8, fp4_scales(pb + kFp4CodeBytes, e8, 1));
+    _mm256_storeu_ps(sw + (kb - kb0) * kPanel, fp4_scales(pb + kFp4CodeBytes, 0));
+    _mm256_storeu_ps(sw + (kb - kb0) * kPanel + 8, fp4_scales(pb + kFp4CodeBytes, 1));
   }
 }
 
@@ -405,7 +404,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Chunk chunk, Dire
 template <int R>
 void fp8_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, const uint8_t* srow, const float* e8,
                 float* T) {
-  constexpr int NB = R == 1 ? 2 : 1;
+  constexpr int NB = R == 1 ? 4 : R == 2 ? 2 : 1;
   const int64_t nkb = K / 32;
   int64_t kb = 0;
   for (; kb + NB <= nkb; kb += NB) {
@@ -419,12 +418,12 @@ void fp8_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, 
   }
 }
 template <int R>
-void fp4_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, const float* e8, float* T) {
+void fp4_direct(const float* xq, int64_t K, const float* sa, const uint8_t* pp, float* T) {
   constexpr int NB = R == 1 ? 2 : 1;
   const int64_t nkb = K / 32;
   int64_t kb = 0;
-  for (; kb + NB <= nkb; kb += NB) fp4_blocks<R, NB>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, e8, T);
-  for (; kb < nkb; ++kb) fp4_blocks<R, 1>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, e8, T);
+  for (; kb + NB <= nkb; kb += NB) fp4_blocks<R, NB>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, T);
+  for (; kb < nkb; ++kb) fp4_blocks<R, 1>(xq, K, sa, nkb, pp + kb * kFp4BlockBytes, kb, T);
 }
 template <class F>
 void by_rows(int R, F&& f) {
@@ -517,7 +516,7 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
   linear_q(
       x, m, K, w.out,
       [&](int64_t p, int64_t n0, int nvalid, int64_t kb0, int64_t kb1, float* panel, float* sw) {
-        if (packed) return packed_fp4_chunk(packed + p * nkb * kFp4BlockBytes, kb0, kb1, e8, panel, sw);
+        if (packed) return packed_fp4_chunk(packed + p * nkb * kFp4BlockBytes, kb0, kb1, panel, sw);
         for (int c = 0; c < kPanel; ++c)
           for (int64_t k = kb0 * 32; k < kb1 * 32; ++k)
             panel[(k - kb0 * 32) * kPanel + c] = c < nvalid ? e2m1_to_f32(fp4_get(w.w + (n0 + c) * (K / 2), k)) : 0.f;
@@ -526,7 +525,7 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
       },
       [&](int64_t p, int R, const float* xq, const float* sa, float* T) {
         by_rows(R, [&](auto r) {
-          fp4_direct<decltype(r)::value>(xq, K, sa, packed + p * nkb * kFp4BlockBytes, e8, T);
+          fp4_direct<decltype(r)::value>(xq, K, sa, packed + p * nkb * kFp4BlockBytes, T);
         });
       },
       packed != nullptr, 0x1p118f, y, pool);
