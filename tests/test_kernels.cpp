@@ -315,6 +315,41 @@ TEST(Kernels, LinearFp8RaggedK) {
   }
 }
 
+// An E4M3 NaN code in a weight: the AVX2 layout cannot express it, so such a tensor is not
+// repacked, and every path still gives the reference's outputs (NaN where a NaN weight meets the
+// row, the exact values elsewhere) for the linear and for wo_a's dequantized form.
+TEST(Kernels, Fp8NanCodeWeights) {
+  IsaGuard guard;
+  std::mt19937 g(8);
+  auto w = make_fp8(g, 48, 128, false);
+  w.w[size_t(5 * 128 + 17)] = 0x7f;   // +NaN in row 5
+  w.w[size_t(40 * 128 + 100)] = 0xff;  // -NaN in row 40
+  const auto x = make_activations(g, 2 * 128, false);
+  std::vector<float> want(2 * 48), want_dq(want.size());
+  ref::linear_fp8(x.data(), 2, w.view, want.data());
+  ref::linear_fp8_dequant(x.data(), 2, w.view, want_dq.data());
+  for (kern::Isa isa : isas()) {
+    kern::set_isa(isa);
+    if (isa == kern::Isa::Avx2) {
+      EXPECT_EQ(kern::packed_bytes(w.view), 0u) << "a weight holding an E4M3 NaN code must not be repacked";
+    }
+    for (int64_t m : {1, 2}) {
+      std::vector<float> got(size_t(m * 48)), got_dq(got.size());
+      kern::linear_fp8(x.data(), m, w.view, got.data());
+      kern::linear_fp8_dequant(x.data(), m, w.view, got_dq.data());
+      for (size_t i = 0; i < got.size(); ++i) {
+        const bool nan_row = i % 48 == 5 || i % 48 == 40;
+        EXPECT_EQ(std::isnan(got[i]), nan_row) << kern::isa_name(isa) << " m=" << m << " at " << i;
+        EXPECT_EQ(std::isnan(got_dq[i]), nan_row) << kern::isa_name(isa) << " m=" << m << " at " << i;
+        if (!nan_row) {
+          EXPECT_EQ(bits(got[i]), bits(want[i])) << kern::isa_name(isa) << " m=" << m << " at " << i;
+          EXPECT_EQ(bits(got_dq[i]), bits(want_dq[i])) << kern::isa_name(isa) << " m=" << m << " at " << i;
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 // fp64-accumulated linears: the sum is exact up to fp64 rounding in another order than the
