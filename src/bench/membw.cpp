@@ -20,20 +20,25 @@ namespace di::bench {
 namespace {
 
 // AVX2 bodies (any x86-64 this project targets has AVX2); the plain loops below are the fallback.
+// Four sequential streams at once (the quarters of the slice): one stream per thread is held back
+// by the hardware prefetcher on some CPUs (on a Zen 2, ~17 GB/s per thread against 24 with four),
+// and the kernels stream several rows or panels at once, so a single stream would understate the
+// bandwidth they can reach and overstate their efficiency.
 __attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
+  const size_t q = n / 4 / 4 * 4;  // words per stream, whole 32-byte loads
+  const uint64_t* s[4] = {p, p + q, p + 2 * q, p + 3 * q};
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
-    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
+  for (size_t i = 0; i < q; i += 4) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s[0] + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s[1] + i)));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s[2] + i)));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s[3] + i)));
   }
-  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  const __m256i v = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
   alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
   uint64_t sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-  for (; i < n; ++i) sum += p[i];
+  for (size_t i = 4 * q; i < n; ++i) sum += p[i];
   return sum;
 }
 
