@@ -102,7 +102,13 @@ constexpr int64_t kFp4CodeBytes = 16 * kPanel, kFp4BlockBytes = kFp4CodeBytes + 
 inline int64_t n_panels(int64_t out) { return (out + kPanel - 1) / kPanel; }
 
 bool has_e4m3_nan(const uint8_t* w, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
+  const __m256i low7 = _mm256_set1_epi8(0x7f);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i b = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)), low7);
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(b, low7))) return true;
+  }
+  for (; i < n; ++i)
     if ((w[i] & 0x7f) == 0x7f) return true;
   return false;
 }
@@ -576,13 +582,17 @@ inline void f64_block(const double* xr, int64_t K, int64_t K8, const double* wd,
     }
 }
 
-// dq(n0, rows, wd): weight rows n0..n0+rows-1 as fp64 into wd[i * K].
-template <class Dequant, class Out>
-void linear_f64(const float* x, int64_t m, int64_t N, int64_t K, Dequant&& dq, Out&& out, float* y, ThreadPool* pool) {
+// x rows widened to fp64 in this thread's buffer (valid until its next use on the thread).
+const double* widened(const float* x, int64_t n) {
   thread_local std::vector<double> xs;
-  if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
-  double* xd = xs.data();
-  for (int64_t i = 0; i < m * K; ++i) xd[i] = x[i];
+  if (int64_t(xs.size()) < n) xs.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) xs[size_t(i)] = x[i];
+  return xs.data();
+}
+
+// xd: m fp64 rows; dq(n0, rows, wd): weight rows n0..n0+rows-1 as fp64 into wd[i * K].
+template <class Dequant, class Out>
+void linear_f64(const double* xd, int64_t m, int64_t N, int64_t K, Dequant&& dq, Out&& out, float* y, ThreadPool* pool) {
   const int64_t K8 = K / 8 * 8;
   run(pool, (N + kRows64 - 1) / kRows64, 1, [&](int64_t t0, int64_t t1, int) {
     thread_local std::vector<double> wbuf;
@@ -592,7 +602,6 @@ void linear_f64(const float* x, int64_t m, int64_t N, int64_t K, Dequant&& dq, O
       const int64_t n0 = t * kRows64;
       const int rows = int(std::min<int64_t>(kRows64, N - n0));
       dq(n0, rows, wd);
-      for (int i = rows; i < kRows64; ++i) std::copy(wd, wd + K, wd + i * K);  // short tile: repeat row 0
       // Blocks of up to 3 x rows x 2 weight rows (12 accumulators, 5 loads per 6 FMAs); every
       // output's lanes and sequence are those of any other block shape (order fixed by K alone).
       for (int64_t r0 = 0; r0 < m; r0 += 3) {
@@ -617,7 +626,7 @@ inline void store_pd8(double* d, __m256 f) {
 void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
   const int64_t K = w.in;
   linear_f64(
-      x, m, w.out, K,
+      widened(x, m * K), m, w.out, K,
       [&](int64_t n0, int rows, double* wd) {
         for (int i = 0; i < rows; ++i) {
           const uint16_t* wr = w.w + (n0 + i) * K;
@@ -635,7 +644,7 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
   const int64_t K = w.in;
   linear_f64(
-      x, m, w.out, K,
+      widened(x, m * K), m, w.out, K,
       [&](int64_t n0, int rows, double* wd) {
         for (int i = 0; i < rows; ++i) {
           const float* wr = w.w + (n0 + i) * K;
@@ -647,64 +656,35 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
       [](float v) { return v; }, y, pool);
 }
 
-// The weight is e4m3 x its block's scale in fp32 (exact), as the reference dequantizes it. Codes
-// are converted 32 at a time with the FP8 unit's shuffles (fp8_unit's bit trick), which leaves
-// them in "unit order" within each 32-wide K block; x is permuted the same way, so the products
-// are the same and the exact fp64 sum does not depend on the order.
+// wo_a: the weight is e4m3 x its block's scale in fp32 (exact), as the reference dequantizes it.
+// Codes go 32 at a time straight to fp64 bits of e4m3 x 2^-1016 (each code in the top byte of a
+// word, an arithmetic shift by 7 and a mask put E4M3's exponent in fp64's low exponent bits; two
+// unpacks with zero widen the word to the top of a qword: no conversion instructions). That is
+// the reference's weight over 2^1016 x scale whenever the weight is a normal fp32 (scale codes
+// 10..134); other blocks, and units holding an E4M3 NaN code, take the table's fp32 weights. The
+// unpacks leave the codes in "qword order" within each 32-wide K block; x is permuted the same
+// way, so the products are the same and the exact fp64 sum does not depend on the order.
 namespace {
-// Position p = 8f + l of the unit order holds K offset unit_source(p) of the block.
-inline int unit_source(int p) {
-  const int f = p / 8, l = p % 8;
+// Position j of a block in qword order holds K offset qword_source(j): vector v = j / 4 takes
+// lanes {0, 1, 4, 5} or {2, 3, 6, 7} of dword vector v / 2, whose lanes 0-3 / 4-7 are bytes
+// 4f..4f+3 / 16+4f..16+4f+3 (the FP8 unit's unpack order).
+inline int qword_source(int j) {
+  static constexpr int kLane[2][4] = {{0, 1, 4, 5}, {2, 3, 6, 7}};
+  const int v = j / 4, f = v / 2, l = kLane[v % 2][j % 4];
   return l < 4 ? 4 * f + l : 16 + 4 * f + (l - 4);
 }
 
-// 32 codes at p -> fp32 weights (code value x scale, exactly the reference's fp32 product) in unit
-// order. Scalar for a block holding an E4M3 NaN code (the bit trick has no NaN) or a scale above
-// 2^7 (2^120 x scale would overflow).
-inline void dequant_unit(const uint8_t* p, uint8_t scale_code, const float* e8, const float* t8, __m256 (&v)[4]) {
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i nan = _mm256_cmpeq_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x7f)), _mm256_set1_epi8(0x7f));
-  if (scale_code > 134 || _mm256_movemask_epi8(nan)) {
-    alignas(32) float f[32];
-    for (int q = 0; q < 32; ++q) f[q] = t8[p[unit_source(q)]] * e8[scale_code];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_load_ps(f + 8 * i);
-    return;
-  }
-  // e4m3 x 2^-120 times 2^120 x scale: one rounding of the exact value x scale, as the reference's.
-  fp8_unit_scaled(p, v);
-  const __m256 factor = _mm256_set1_ps(0x1p120f * e8[scale_code]);
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(v[i], factor);
-}
-
-void permute_units(const float* x, int64_t m, int64_t K, float* xp) {
-  for (int64_t r = 0; r < m; ++r) {
-    const float* xr = x + r * K;
-    float* pr = xp + r * K;
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32)
-      for (int q = 0; q < 32; ++q) pr[k + q] = xr[k + unit_source(q)];
-    for (; k < K; ++k) pr[k] = xr[k];
-  }
-}
-
-// One x row (decode), per 32-row scale group: codes go straight to fp64 bits of e4m3 x 2^-1016
-// (each code in the top byte of a word, an arithmetic shift by 7 and a mask put E4M3's exponent
-// in fp64's low exponent bits; two unpacks with zero widen the word to the top of a qword: no
-// conversion instructions) against x x 2^504 x the block's scale, made once per group (exact in
-// fp64, far from overflow for any finite fp32 x). Each product is then exactly 2^-512 x x x
-// (e4m3 x scale), the reference's fp32 weight whenever that weight is a normal fp32 (scale codes
-// 10..134), and the sum is scaled back by 2^512; other blocks, and units holding an E4M3 NaN
-// code, take the table's fp32 weights against x x 2^-512.
-// Position j of a block in this "qword order" holds K offset qword_source(j).
-inline int qword_source(int j) {
-  const int v = j / 4, f = v / 2, hi = v % 2, l = j % 4;  // vector v = (dword vector f, half)
-  static constexpr int kLane[2][4] = {{0, 1, 4, 5}, {2, 3, 6, 7}};
-  return unit_source(8 * f + kLane[hi][l]);
-}
-
-inline void fp8_unit_f64(const uint8_t* p, __m256d (&q)[8]) {
+// 32 codes at p -> 8 fp64 vectors in qword order: e4m3 x 2^-1016 (true), or the reference's fp32
+// weights themselves (false: scale code outside 10..134 or a NaN code).
+inline bool fp8_qwords(const uint8_t* p, uint8_t scale_code, const float* e8, const float* t8, __m256d (&q)[8]) {
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), z = _mm256_setzero_si256();
+  const __m256i nan = _mm256_cmpeq_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x7f)), _mm256_set1_epi8(0x7f));
+  if (scale_code < 10 || scale_code > 134 || _mm256_movemask_epi8(nan)) {
+    alignas(32) double wd[32];
+    for (int j = 0; j < 32; ++j) wd[j] = double(t8[p[qword_source(j)]] * e8[scale_code]);
+    for (int v = 0; v < 8; ++v) q[v] = _mm256_load_pd(wd + 4 * v);
+    return false;
+  }
   const __m256i mask = _mm256_set1_epi16(int16_t(0x80fe));
   const __m256i w0 = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 7), mask);
   const __m256i w1 = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 7), mask);
@@ -715,8 +695,23 @@ inline void fp8_unit_f64(const uint8_t* p, __m256d (&q)[8]) {
     q[2 * f] = _mm256_castsi256_pd(_mm256_unpacklo_epi32(z, d[f]));
     q[2 * f + 1] = _mm256_castsi256_pd(_mm256_unpackhi_epi32(z, d[f]));
   }
+  return true;
 }
 
+// x rows in qword order, times `scale` (the K % 32 tail stays in place).
+void permute_qwords(const float* x, int64_t m, int64_t K, double scale, double* xp) {
+  for (int64_t r = 0; r < m; ++r) {
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32)
+      for (int j = 0; j < 32; ++j) xp[r * K + k + j] = double(x[r * K + k + qword_source(j)]) * scale;
+    for (; k < K; ++k) xp[r * K + k] = double(x[r * K + k]) * scale;
+  }
+}
+
+// One x row (decode), per 32-row scale group: the codes' fp64 bits against x x 2^504 x the block's
+// scale, made once per group (exact in fp64, far from overflow for any finite fp32 x), so each
+// product is exactly 2^-512 x x x weight; table weights meet x x 2^-512; the sum is scaled back by
+// 2^512.
 void fp8_dequant_row(const float* x, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
   const float* t8 = e4m3_values().data();
@@ -724,18 +719,14 @@ void fp8_dequant_row(const float* x, const ref::Fp8Weight& w, float* y, ThreadPo
   thread_local std::vector<double> xs;
   if (int64_t(xs.size()) < K) xs.resize(size_t(K));
   double* xu = xs.data();  // x x 2^-512 in qword order
-  for (int64_t k = 0; k < K32; k += 32)
-    for (int j = 0; j < 32; ++j) xu[k + j] = double(x[k + qword_source(j)]) * 0x1p-512;
+  permute_qwords(x, 1, K32, 0x1p-512, xu);
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     thread_local std::vector<double> xgs;
-    thread_local std::vector<uint8_t> fasts;
-    if (int64_t(xgs.size()) < K) xgs.resize(size_t(K)), fasts.resize(size_t(nkb));
+    if (int64_t(xgs.size()) < K) xgs.resize(size_t(K));
     double* xg = xgs.data();
-    uint8_t* fast = fasts.data();
     for (int64_t grp = g0; grp < g1; ++grp) {
       const uint8_t* srow = w.scale + grp * nkb;
       for (int64_t kb = 0; kb < K32 / 32; ++kb) {
-        fast[kb] = srow[kb] >= 10 && srow[kb] <= 134;
         const __m256d f = _mm256_set1_pd(0x1p1016 * double(e8[srow[kb]]));  // x 2^-512 already in xu
         for (int j = 0; j < 32; j += 4) _mm256_storeu_pd(xg + kb * 32 + j, _mm256_mul_pd(_mm256_loadu_pd(xu + kb * 32 + j), f));
       }
@@ -751,22 +742,11 @@ void fp8_dequant_row(const float* x, const ref::Fp8Weight& w, float* y, ThreadPo
 #pragma GCC unroll 8
         for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm256_setzero_pd();
         for (int64_t k = 0; k < K32; k += 32) {
-          const bool block_fast = fast[k / 32];
 #pragma GCC unroll 8
           for (int i = 0; i < kRows64; ++i) {
             _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + 512), _MM_HINT_T0);
-            const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + k));
-            const __m256i nan = _mm256_cmpeq_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x7f)), _mm256_set1_epi8(0x7f));
             __m256d q[8];
-            const double* xk = xg + k;
-            if (block_fast && !_mm256_movemask_epi8(nan)) {
-              fp8_unit_f64(wr[i] + k, q);
-            } else {  // the reference's fp32 weights, against the unscaled x
-              alignas(32) double wd[32];
-              for (int j = 0; j < 32; ++j) wd[j] = double(t8[wr[i][k + qword_source(j)]] * e8[srow[k / 32]]);
-              for (int v = 0; v < 8; ++v) q[v] = _mm256_load_pd(wd + 4 * v);
-              xk = xu + k;
-            }
+            const double* xk = fp8_qwords(wr[i] + k, srow[k / 32], e8, t8, q) ? xg + k : xu + k;
 #pragma GCC unroll 8
             for (int v = 0; v < 8; ++v) a[i][v & 1] = _mm256_fmadd_pd(q[v], _mm256_loadu_pd(xk + 4 * v), a[i][v & 1]);
           }
@@ -791,9 +771,9 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
   const float* t8 = e4m3_values().data();
   const int64_t K = w.in, nkb = (K + 31) / 32, K32 = K / 32 * 32;
   if (m == 1) return fp8_dequant_row(x, w, y, pool);
-  thread_local std::vector<float> xperm;
+  thread_local std::vector<double> xperm;
   if (int64_t(xperm.size()) < m * K) xperm.resize(size_t(m * K));
-  permute_units(x, m, K, xperm.data());
+  permute_qwords(x, m, K, 1.0, xperm.data());
   linear_f64(
       xperm.data(), m, w.out, K,
       [&](int64_t n0, int rows, double* wd) {
@@ -802,9 +782,10 @@ void linear_fp8_dequant(const float* x, int64_t m, const ref::Fp8Weight& w, floa
           const uint8_t* wr = w.w + n * K;
           const uint8_t* sr = w.scale + (n / 32) * nkb;
           for (int64_t k = 0; k < K32; k += 32) {
-            __m256 v[4];
-            dequant_unit(wr + k, sr[k / 32], e8, t8, v);
-            for (int f = 0; f < 4; ++f) store_pd8(wd + i * K + k + 8 * f, v[f]);
+            __m256d q[8];
+            const bool scaled = fp8_qwords(wr + k, sr[k / 32], e8, t8, q);
+            const __m256d f = _mm256_set1_pd(scaled ? 0x1p1016 * double(e8[sr[k / 32]]) : 1.0);  // exact weights
+            for (int v = 0; v < 8; ++v) _mm256_storeu_pd(wd + i * K + k + 4 * v, _mm256_mul_pd(q[v], f));
           }
           for (int64_t k = K32; k < K; ++k) wd[i * K + k] = double(t8[wr[k]] * e8[sr[k / 32]]);
         }
@@ -872,28 +853,28 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
   // One row: 4 weight rows per pass (8 independent chains); more rows: 2 weight rows x 3 x rows.
   const int R = m == 1 ? 4 : 2;
   run(pool, (N + R - 1) / R, 16, [&](int64_t t0, int64_t t1, int) {
+    const uint16_t* wr[4];
+    float out[3][4];
+    if (m == 1) {
+      // One row: the 4 weight rows of a pass come from the 4 quarters of this chunk's rows, so
+      // each is a long sequential stream across passes. Adjacent rows (4 streams of K x 2 bytes,
+      // restarting every pass) left the hardware prefetcher behind at small K: 24 GB/s at
+      // K = 1024 on two Zen 2 threads, 40 at K = 2048. Each output's sum is the same either way.
+      const int64_t b0 = t0 * R, b1 = std::min(N, t1 * R), q = (b1 - b0 + R - 1) / R;
+      for (int64_t j = 0; j < q; ++j) {
+        int64_t row[4];
+        for (int i = 0; i < 4; ++i) row[i] = std::min(b0 + i * q + j, b1 - 1);  // past the end: repeat the last row
+        for (int i = 0; i < 4; ++i) wr[i] = w.w + row[i] * K;
+        logits_tile<4, 1>(xs, K, wr, nc, &out[0][0], 4);
+        for (int i = 0; i < 4; ++i)
+          if (b0 + i * q + j < b1) y[row[i]] = out[0][i];
+      }
+      return;
+    }
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * R;
       const int rows = int(std::min<int64_t>(R, N - n0));
-      const uint16_t* wr[4];
       for (int i = 0; i < 4; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
-      float out[3][4];
-      if (m == 1) {
-        // One row: the 4 weight rows of a pass come from the 4 quarters of this chunk's rows, so
-        // each is a long sequential stream across passes. Adjacent rows (4 streams of K x 2 bytes,
-        // restarting every pass) left the hardware prefetcher behind at small K: 24 GB/s at
-        // K = 1024 on two Zen 2 threads, 40 at K = 2048. Each output's sum is the same either way.
-        const int64_t b0 = t0 * R, b1 = std::min(N, t1 * R), q = (b1 - b0 + R - 1) / R;
-        for (int64_t j = 0; j < q; ++j) {
-          int64_t row[4];
-          for (int i = 0; i < 4; ++i) row[i] = std::min(b0 + i * q + j, b1 - 1);  // past the end: repeat the last row
-          for (int i = 0; i < 4; ++i) wr[i] = w.w + row[i] * K;
-          logits_tile<4, 1>(xs, K, wr, nc, &out[0][0], 4);
-          for (int i = 0; i < 4; ++i)
-            if (b0 + i * q + j < b1) y[row[i]] = out[0][i];
-        }
-        break;
-      }
       for (int64_t r0 = 0; r0 < m; r0 += 3) {
         const int M = int(std::min<int64_t>(3, m - r0));
         const float* xr = xs + r0 * K;

@@ -157,21 +157,24 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
     for (auto* hc : {&L.hc_attn, &L.hc_ffn}) add_dense(hc->fn.w, size_t(hc->fn.out * hc->fn.in) * 4);
   }
   auto round_up = [](size_t n) { return (n + 63) / 64 * 64; };
+  // Sizes once: packed_bytes scans an FP8 tensor's codes on some ISAs.
+  std::vector<size_t> fp8_bytes, fp4_bytes;
+  for (auto* w : fp8) fp8_bytes.push_back(kern::packed_bytes(*w));
+  for (auto* w : fp4) fp4_bytes.push_back(kern::packed_bytes(*w));
   size_t total = 0;
-  for (auto* w : fp8) total += round_up(kern::packed_bytes(*w));
-  for (auto* w : fp4) total += round_up(kern::packed_bytes(*w));
+  for (size_t n : fp8_bytes) total += round_up(n);
+  for (size_t n : fp4_bytes) total += round_up(n);
   for (const auto& d : dense) total += round_up(d.bytes);
   HugeBuffer buf(total);
   uint8_t* at = buf.data();
-  auto place = [&](auto* w) {
-    const size_t n = kern::packed_bytes(*w);
+  auto place = [&](auto* w, size_t n) {
     if (!n) return;
     kern::pack_weight(*w, at, pool);
     at += round_up(n);
     release_mapped_pages(w->w, code_bytes(*w));
   };
-  for (auto* w : fp8) place(w);
-  for (auto* w : fp4) place(w);
+  for (size_t i = 0; i < fp8.size(); ++i) place(fp8[i], fp8_bytes[i]);
+  for (size_t i = 0; i < fp4.size(); ++i) place(fp4[i], fp4_bytes[i]);
   for (const auto& d : dense) {
     std::memcpy(at, d.src, d.bytes);
     release_mapped_pages(d.src, d.bytes);
