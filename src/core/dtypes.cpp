@@ -18,29 +18,31 @@ constexpr float e4m3_decode(uint8_t code) {
   for (int i = 0; e != 0 && i < e - 10; ++i) v *= 2.f;
   return neg ? -v : v;
 }
-constexpr std::array<float, 256> kE4m3Values = [] {
+constexpr std::array<float, 256> kE4m3Table = [] {
   std::array<float, 256> t{};
   for (int c = 0; c < 256; ++c) t[size_t(c)] = e4m3_decode(uint8_t(c));
   return t;
 }();
+
+// Round to nearest even through the fp32 adder: exact for 0 <= v < 2^22, and what nearbyint gives
+// in the engine's rounding mode (never changed from to-nearest-even), without a libm call.
+inline float round_even_small(float v) { return (v + 0x1p23f) - 0x1p23f; }
 }  // namespace
 
-float e4m3_to_f32(uint8_t code) { return kE4m3Values[code]; }
+// Constant-initialized (no static-initialization order to worry about).
+constinit const std::array<float, 256> detail::kE4m3Values = kE4m3Table;
 
 uint8_t f32_to_e4m3(float x) {
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;
   if (std::isnan(x)) return uint8_t(sign | 0x7f);
   float a = std::fabs(x);
   if (a >= 448.f) return uint8_t(sign | 0x7e);
-  // nearbyint uses the current rounding mode; the engine never changes it from to-nearest-even.
   if (a < 0.015625f) {  // below the smallest normal 2^-6: fixed quantum 2^-9
-    int q = int(std::nearbyint(std::ldexp(a, 9)));  // 0..8, 8 = smallest normal
+    const int q = int(round_even_small(a * 0x1p9f));  // 0..8, 8 = smallest normal (the product is exact)
     return uint8_t(sign | q);
   }
-  int e;
-  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1): unbiased exponent is e-1
-  const int ub = e - 1;
-  int q = int(std::nearbyint(std::ldexp(a, 3 - ub)));  // 8..16
+  const int ub = int((f32_bits(a) >> 23) & 0xff) - 127;  // a is normal here: its unbiased exponent
+  int q = int(round_even_small(a * bits_f32(uint32_t(3 - ub + 127) << 23)));  // a x 2^(3-ub), exact: 8..16
   int be = ub + 7;
   if (q == 16) { q = 8; ++be; }
   uint8_t code = uint8_t((be << 3) | (q - 8));

@@ -5,6 +5,7 @@
 // representable in bf16 and fp32, E8M0 scales are powers of two.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -25,15 +26,20 @@ inline uint16_t f32_to_bf16(float x) {
 inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 // ---- FP8 E4M3 (e4m3fn): bias 7, no infinity, S.1111.111 = NaN, max 448 ----
-float e4m3_to_f32(uint8_t code);
+namespace detail {
+extern const std::array<float, 256> kE4m3Values;  // every code's value (NaN for S.1111.111)
+}
+inline float e4m3_to_f32(uint8_t code) { return detail::kE4m3Values[code]; }
 // Round to nearest even, saturating at +-448; NaN -> 0x7f (sign kept).
 uint8_t f32_to_e4m3(float x);
 inline float round_e4m3(float x) { return e4m3_to_f32(f32_to_e4m3(x)); }
 
 // ---- E8M0 (ue8m0): 2^(code-127), 255 = NaN ----
+// Built from the exponent field (ldexp per element showed in per-token loops); code 0 is the
+// subnormal 2^-127.
 inline float e8m0_to_f32(uint8_t code) {
   if (code == 255) return std::nanf("");
-  return std::ldexp(1.0f, int(code) - 127);
+  return code ? bits_f32(uint32_t(code) << 23) : bits_f32(0x00400000u);
 }
 // Code of a power of two (exact; the caller guarantees x = 2^k, -127 <= k <= 127).
 inline uint8_t pow2_to_e8m0(float x) { int e; std::frexp(x, &e); return uint8_t(e - 1 + 127); }

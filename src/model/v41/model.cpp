@@ -190,7 +190,10 @@ void Model::engram(int layer, Ctx& c) const {
     for (int j = 0; j < cols; ++j) {
       const uint8_t* row = E.table + int64_t(ids[j]) * hd;
       const uint8_t* sc = E.table_scale + int64_t(ids[j]) * (hd / 32);
-      for (int d = 0; d < hd; ++d) emb[j * hd + d] = e4m3_to_f32(row[d]) * e8m0_to_f32(sc[d / 32]);
+      for (int b = 0; b < hd / 32; ++b) {
+        const float scale = e8m0_to_f32(sc[b]);
+        for (int d = b * 32; d < b * 32 + 32; ++d) emb[j * hd + d] = e4m3_to_f32(row[d]) * scale;
+      }
     }
   }
   kern::linear_fp8(embs, c.R, E.wkv, kvs);
@@ -588,10 +591,13 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     for_rows(N, [&](int64_t s0, int64_t s1) { swiglu(gs + s0 * I, us + s0 * I, int(s1 - s0), nullptr); });
     kern::linear_fp8(gs, N, F.shared.w2, eos);
   };
-  // In decode the shared expert is one more task of the experts' job (see for_tasks).
+  // In decode the shared expert is one more task of the experts' job (see for_tasks). It goes
+  // first: it is the largest (FP8, about twice a routed expert's bytes), and the pool hands tasks
+  // out in order, so placed last it ran alone on one thread while the other waited.
   const bool shared_as_task = N <= kTaskParallelRows;
-  for_rows(n_active + shared_as_task, [&](int64_t a0, int64_t a1) {
-    for (int64_t a = a0; a < a1; ++a) {
+  for_rows(n_active + shared_as_task, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t a = shared_as_task ? (i == 0 ? n_active : i - 1) : i;
       if (a == n_active) {
         shared_expert();
         continue;
