@@ -217,6 +217,15 @@ TEST(BenchModel, ReportHasEveryField) {
     EXPECT_NEAR(rf["memory_s"].get<double>(), rf["bytes"].get<double>() / (bw_used * 1e9), 1e-9 * rf["memory_s"].get<double>());
     EXPECT_NEAR(rf["compute_s"].get<double>(), rf["flops"].get<double>() / (peak_used * 1e9), 1e-9 * rf["compute_s"].get<double>());
     EXPECT_NEAR(rf["ratio"].get<double>(), rf["time_s"].get<double>() / rf["measured_s"].get<double>(), 1e-12);
+    // Two threads: every test has the pool's time accounting, shares within [0, 1], and jobs.
+    ASSERT_TRUE(t.contains("pool")) << t["name"];
+    const auto& pj = t["pool"];
+    EXPECT_GT(pj[t["kind"] == "pp" ? "jobs_per_chunk" : "jobs_per_step"].get<double>(), 0);
+    for (const char* k : {"caller_serial_share", "caller_wait_share", "worker_busy_share"}) {
+      EXPECT_GE(pj[k].get<double>(), 0) << k;
+      EXPECT_LE(pj[k].get<double>(), 1.0 + 1e-9) << k;
+    }
+    EXPECT_GT(pj["worker_busy_share"].get<double>(), 0);
     if (t["kind"] == "tg") {
       EXPECT_DOUBLE_EQ(t["distinct_experts_per_layer"].get<double>(), model.config().n_activated_experts);
     }

@@ -102,3 +102,31 @@ TEST(ThreadPool, RejectsBadSize) {
   EXPECT_THROW(ThreadPool(0), std::invalid_argument);
   EXPECT_GE(ThreadPool::default_threads(), 1);
 }
+
+// The time accounting: off by default; on, it counts pool jobs (not inline ones) and splits the
+// caller's time into running and waiting, while the workers' running time is summed.
+TEST(ThreadPool, TimingAccountsForJobs) {
+  ThreadPool pool(2);
+  auto sleepy = [](int64_t, int64_t, int) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); };
+  pool.parallel_for(8, 1, sleepy);
+  EXPECT_EQ(pool.timing().jobs, 0);  // off
+  pool.set_timing(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) pool.parallel_for(8, 1, sleepy);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  pool.parallel_for(1, 1, sleepy);  // one unit runs inline: not a job
+  pool.set_timing(false);
+  pool.parallel_for(8, 1, sleepy);
+  const ThreadPool::Timing t = pool.timing();
+  EXPECT_EQ(t.jobs, 3);
+  // 3 jobs x 8 chunks x 5 ms on two threads: at least 120 ms of running in all, shared by both.
+  EXPECT_GE(t.caller_run_s + t.worker_run_s, 0.120);
+  EXPECT_GT(t.worker_run_s, 0.004);
+  EXPECT_GT(t.caller_run_s, 0.004);
+  EXPECT_LE(t.caller_run_s + t.caller_wait_s, wall + 1e-3);
+  EXPECT_LE(t.worker_run_s, wall + 1e-3);
+  pool.reset_timing();
+  const ThreadPool::Timing z = pool.timing();
+  EXPECT_EQ(z.jobs, 0);
+  EXPECT_EQ(z.caller_run_s + z.caller_wait_s + z.worker_run_s, 0.0);
+}

@@ -1,9 +1,11 @@
 #include "bench/model_bench.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 
@@ -122,6 +124,24 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
     model.forward(s, std::span(toks).first(1), logits, plain, ws);
   }
 
+  // Time accounting of the pool over each test's timed samples (off outside them).
+  ThreadPool* pool = pool_scope.pool.get();
+  auto pool_begin = [&] {
+    if (!pool) return;
+    pool->reset_timing();
+    pool->set_timing(true);
+  };
+  auto pool_end = [&](TestResult& r, double timed_s, double units) {
+    if (!pool) return;
+    pool->set_timing(false);
+    const ThreadPool::Timing t = pool->timing();
+    r.pool_measured = true;
+    r.pool_jobs_per_unit = double(t.jobs) / units;
+    r.caller_serial_share = std::max(0.0, 1 - (t.caller_run_s + t.caller_wait_s) / timed_s);
+    r.caller_wait_share = t.caller_wait_s / timed_s;
+    r.worker_busy_share = t.worker_run_s / (timed_s * (pool->size() - 1));
+  };
+
   const int gen_default = opts.gen_sizes.empty() ? 16 : opts.gen_sizes.front();
   const int batch_steps = opts.batch_steps > 0 ? opts.batch_steps : gen_default;
   for (const int64_t depth : opts.depths) {
@@ -154,6 +174,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       r.depth = depth;
       std::vector<double> secs, tps;
       double distinct = 0;
+      pool_begin();
       for (int k = 0; k < opts.reps; ++k) {
         v41::SequenceState s = base;
         const auto toks = random_tokens(rng, n_ids, size_t(p));
@@ -166,6 +187,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
         for (int d : counter.distinct()) distinct += d;
         log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, p / dt));
       }
+      pool_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), opts.reps);
       r.distinct_experts = distinct / opts.reps / std::max(1, cfg.n_layers);
       const QueryCost q = queries(p);
       // The chunk reads the weights once; its KV reads mostly hit cache, so the last query's
@@ -188,6 +210,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       r.depth = depth;
       std::vector<double> secs, tps, step;
       double wbytes = 0, distinct = 0;
+      pool_begin();
       for (int k = 0; k < opts.reps; ++k) {
         v41::SequenceState s = base;
         const auto toks = random_tokens(rng, n_ids, size_t(n));
@@ -206,6 +229,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
         log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, n / t));
       }
       const double steps = double(n) * opts.reps;
+      pool_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), steps);
       r.distinct_experts = distinct / steps / std::max(1, cfg.n_layers);
       const QueryCost q = queries(n);
       r.roofline = make_roofline(wbytes / steps, q.kv_bytes / n,
@@ -230,6 +254,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       double wbytes = 0, distinct = 0;
       std::vector<std::vector<float>> outs(static_cast<size_t>(B));
       std::vector<v41::BatchItem> items(static_cast<size_t>(B));
+      pool_begin();
       for (int k = 0; k < opts.reps; ++k) {
         std::vector<v41::SequenceState> states(size_t(B), base);
         const auto toks = random_tokens(rng, n_ids, size_t(B) * batch_steps);
@@ -250,6 +275,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
         log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, double(B) * batch_steps / t));
       }
       const double steps = double(batch_steps) * opts.reps;
+      pool_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), steps);
       r.distinct_experts = distinct / steps / std::max(1, cfg.n_layers);
       const QueryCost q = queries(batch_steps);
       r.roofline = make_roofline(wbytes / steps, B * q.kv_bytes / batch_steps,
@@ -326,6 +352,11 @@ nlohmann::json report_json(const BenchReport& r) {
                       {"measured_s", t.measured_s}, {"ratio", t.efficiency},
                       {"achieved_gflops", t.achieved_gflops},
                       {"achieved_gbs", t.roofline.bytes / t.measured_s / 1e9}};
+    if (t.pool_measured)
+      tj["pool"] = {{"jobs_per_" + std::string(t.kind == "pp" ? "chunk" : "step"), t.pool_jobs_per_unit},
+                    {"caller_serial_share", t.caller_serial_share},
+                    {"caller_wait_share", t.caller_wait_share},
+                    {"worker_busy_share", t.worker_busy_share}};
     tests.push_back(std::move(tj));
   }
   j["tests"] = tests;
@@ -367,6 +398,20 @@ std::string report_table(const BenchReport& r) {
                   t.tokens_per_s.min, t.tokens_per_s.max,
                   t.kind == "pp" ? "-" : fmt("%.1f", t.step_ms.median).c_str(), tokens / t.roofline.time_s,
                   100 * t.efficiency, t.roofline.compute_bound() ? "compute" : "memory");
+    out += buf;
+  }
+  bool any_pool = false;
+  for (const auto& t : r.tests) any_pool |= t.pool_measured;
+  if (!any_pool) return out;
+  out += "\npool time (shares of the timed wall): caller serial = outside pool jobs, caller wait = waiting for\n"
+         "the workers at the end of jobs, workers busy = running chunks\n\n";
+  out += "| test        |  depth | jobs/unit | caller serial % | caller wait % | workers busy % |\n";
+  out += "|-------------|-------:|----------:|----------------:|--------------:|---------------:|\n";
+  for (const auto& t : r.tests) {
+    if (!t.pool_measured) continue;
+    std::snprintf(buf, sizeof buf, "| %-11s | %6lld | %9.1f | %15.1f | %13.1f | %14.1f |\n", t.name.c_str(),
+                  static_cast<long long>(t.depth), t.pool_jobs_per_unit, 100 * t.caller_serial_share,
+                  100 * t.caller_wait_share, 100 * t.worker_busy_share);
     out += buf;
   }
   return out;

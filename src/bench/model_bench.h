@@ -48,6 +48,12 @@ struct TestResult {
   double measured_s = 0;   // median time of the same unit as the roofline
   double efficiency = 0;   // roofline.time_s / measured_s
   double achieved_gflops = 0;
+  // Where the threads' time went during the timed samples (ThreadPool::Timing; threads > 1), as
+  // shares of the timed wall time: the caller outside pool jobs (serial per-token code and work
+  // run inline), the caller waiting at the end of jobs for the workers, and the workers running.
+  bool pool_measured = false;
+  double pool_jobs_per_unit = 0;  // per step (tg, batch) or chunk (pp)
+  double caller_serial_share = 0, caller_wait_share = 0, worker_busy_share = 0;
 };
 
 struct ModelInfo {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <stdexcept>
@@ -27,6 +28,10 @@ constexpr int kSpinIters = 1 << 14;
 // instead of waiting. Few enough that claiming (one shared atomic) costs nothing measurable.
 constexpr int64_t kChunksPerThread = 4;
 thread_local bool t_inside_pool = false;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 }  // namespace
 
 struct ThreadPool::Impl {
@@ -44,6 +49,10 @@ struct ThreadPool::Impl {
   alignas(64) std::atomic<int> pending{0};  // workers still running the current job
   alignas(64) std::atomic<int> sleepers{0};
   std::atomic<bool> busy{false};  // a parallel_for is in progress (nested calls run inline)
+  // Timing (see ThreadPool::Timing); the caller's fields are written by the caller only.
+  std::atomic<bool> timing{false};
+  int64_t jobs = 0, caller_run_ns = 0, caller_wait_ns = 0;
+  alignas(64) std::atomic<int64_t> worker_run_ns{0};
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::condition_variable cv;
@@ -65,7 +74,13 @@ struct ThreadPool::Impl {
       }
       if (stop.load(std::memory_order_acquire)) return;
       seen = g;
-      run_chunks(t);
+      if (timing.load(std::memory_order_relaxed)) {
+        const int64_t t0 = now_ns();
+        run_chunks(t);
+        worker_run_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+      } else {
+        run_chunks(t);
+      }
       pending.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
@@ -132,15 +147,39 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
     { std::lock_guard<std::mutex> lk(p.mu); }
     p.cv.notify_all();
   }
+  const bool timed = p.timing.load(std::memory_order_relaxed);
+  const int64_t t0 = timed ? now_ns() : 0;
   t_inside_pool = true;
   p.run_chunks(0);
   t_inside_pool = false;
+  const int64_t t1 = timed ? now_ns() : 0;
   // The others are working on this job right now: spin, yielding now and then on an oversubscribed box.
   for (int i = 0; p.pending.load(std::memory_order_acquire) != 0; ++i) {
     if (i < kSpinIters) DI_PAUSE();
     else std::this_thread::yield();
   }
+  if (timed) {
+    ++p.jobs;
+    p.caller_run_ns += t1 - t0;
+    p.caller_wait_ns += now_ns() - t1;
+  }
   p.busy.store(false, std::memory_order_release);
+}
+
+void ThreadPool::set_timing(bool on) { impl_->timing.store(on, std::memory_order_relaxed); }
+
+void ThreadPool::reset_timing() {
+  impl_->jobs = impl_->caller_run_ns = impl_->caller_wait_ns = 0;
+  impl_->worker_run_ns.store(0, std::memory_order_relaxed);
+}
+
+ThreadPool::Timing ThreadPool::timing() const {
+  Timing t;
+  t.jobs = impl_->jobs;
+  t.caller_run_s = double(impl_->caller_run_ns) * 1e-9;
+  t.caller_wait_s = double(impl_->caller_wait_ns) * 1e-9;
+  t.worker_run_s = double(impl_->worker_run_ns.load(std::memory_order_relaxed)) * 1e-9;
+  return t;
 }
 
 }  // namespace di

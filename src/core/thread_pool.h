@@ -49,6 +49,18 @@ class ThreadPool {
   // Range of part t when [0, n) is split in units of `grain` into `parts` contiguous parts.
   static std::pair<int64_t, int64_t> split(int64_t n, int64_t grain, int parts, int t);
 
+  // Where the time of the threads goes, for benchmarks: off by default (on, each job reads the
+  // clock twice per thread). Totals since the last reset_timing(); jobs run inline are not jobs.
+  struct Timing {
+    int64_t jobs = 0;
+    double caller_run_s = 0;   // the caller running chunks of jobs
+    double caller_wait_s = 0;  // the caller done with its chunks, waiting for the workers
+    double worker_run_s = 0;   // all workers together, running chunks
+  };
+  void set_timing(bool on);
+  void reset_timing();
+  Timing timing() const;
+
  private:
   struct Impl;
   Impl* impl_;
