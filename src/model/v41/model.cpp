@@ -491,14 +491,20 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   float* gxs = sized(ws.tmp, size_t(G) * N * gin);
   float* gzs = sized(ws.mix, size_t(G) * N * R);
   const int64_t nkb = (A.wo_a.in + 31) / 32;
+  // The copies run over the pool's rows when the groups run one after the other (many rows),
+  // inline inside a group's task when the groups are concurrent tasks (decode).
   for_tasks(N, G, [&](int gi) {
     float* gx = gxs + size_t(gi) * N * gin;
     float* gz = gzs + size_t(gi) * N * R;
-    for (int s = 0; s < N; ++s)
-      std::copy(o + size_t(s) * H * D + size_t(gi) * gin, o + size_t(s) * H * D + size_t(gi + 1) * gin, gx + size_t(s) * gin);
+    for_rows(N, [&](int64_t s0, int64_t s1) {
+      for (int64_t s = s0; s < s1; ++s)
+        std::copy(o + size_t(s) * H * D + size_t(gi) * gin, o + size_t(s) * H * D + size_t(gi + 1) * gin, gx + size_t(s) * gin);
+    });
     const ref::Fp8Weight wg{A.wo_a.w + int64_t(gi) * R * A.wo_a.in, A.wo_a.scale + int64_t(gi) * R / 32 * nkb, R, A.wo_a.in};
     kern::linear_fp8_dequant(gx, N, wg, gz);
-    for (int s = 0; s < N; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(gi) * R);
+    for_rows(N, [&](int64_t s0, int64_t s1) {
+      for (int64_t s = s0; s < s1; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(gi) * R);
+    });
   });
   kern::linear_fp8(z, N, A.wo_b, out);
 }
@@ -575,12 +581,14 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
         if (ids[size_t(s) * K + k] == e) {
           rows[m_total] = s;
           rw[m_total] = wts[size_t(s) * K + k];
-          std::copy(x + size_t(s) * dim, x + size_t(s + 1) * dim, gx + size_t(m_total) * dim);
           ++m_total;
         }
     if (m_total > m0) active[n_active] = e, first[n_active++] = m0;
   }
   first[n_active] = m_total;
+  for_rows(m_total, [&](int64_t r0, int64_t r1) {  // the experts' input rows (N x K rows of dim in prefill)
+    for (int64_t r = r0; r < r1; ++r) std::copy(x + size_t(rows[r]) * dim, x + size_t(rows[r] + 1) * dim, gx + size_t(r) * dim);
+  });
   // Shared expert over every row (its output added once, after the routed ones).
   float* gs = g + slots * I;
   float* us = u + slots * I;
@@ -652,7 +660,11 @@ void Model::block(int layer, Ctx& c) const {
         kern::hc_expand(f + size_t(s) * dim, c.stream + size_t(s) * hc * dim, post + s * hc, comb + s * hc * hc, hc, dim,
                         next + size_t(s) * hc * dim);
     });
-    std::copy(next, next + n_stream, c.stream);
+    // The new streams become the current ones by swapping buffers (a copy was a serial pass over
+    // S x hc x dim floats, twice per layer).
+    std::swap(ws.stream, ws.stream2);
+    c.stream = ws.stream.data();
+    next = sized(ws.stream2, n_stream);
   };
   hc_mixes(L.hc_attn, c.stream, S, attn_pre, post, comb, ws);
   collapse_norm(c.pre_mix, L.attn_norm);
@@ -710,7 +722,7 @@ void Model::run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens)
   c.stream = stream;
   c.pre_mix = pre_mix;
   ForwardObserver* ob = opts.observer;
-  auto seg_stream = [&](const Segment& g) { return stream + size_t(g.row0) * hc * dim; };
+  auto seg_stream = [&](const Segment& g) { return c.stream + size_t(g.row0) * hc * dim; };
   auto seg_pre = [&](const Segment& g) { return pre_mix + size_t(g.row0) * hc; };
   for (int i = 0; i < cf.n_layers; ++i) {
     if (w_.layers[size_t(i)].has_engram) {
