@@ -586,9 +586,13 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     if (m_total > m0) active[n_active] = e, first[n_active++] = m0;
   }
   first[n_active] = m_total;
-  for_rows(m_total, [&](int64_t r0, int64_t r1) {  // the experts' input rows (N x K rows of dim in prefill)
+  // The experts' input rows: over the pool's rows in prefill (N x K rows of dim), inline in
+  // decode (a few rows: a pool job would cost more than the copy).
+  auto gather = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) std::copy(x + size_t(rows[r]) * dim, x + size_t(rows[r] + 1) * dim, gx + size_t(r) * dim);
-  });
+  };
+  if (N > kTaskParallelRows) for_rows(m_total, gather);
+  else gather(0, m_total);
   // Shared expert over every row (its output added once, after the routed ones).
   float* gs = g + slots * I;
   float* us = u + slots * I;
