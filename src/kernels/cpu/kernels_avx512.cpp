@@ -667,15 +667,52 @@ inline void dot_pairs_f64(const double* const* xs, const double* const* ws, int 
   }
 }
 
-// y[r, n] = out(n, sum) over m rows; columns split over threads in tiles of kRows64.
+// From this many rows the fp64 linears work on (row block x column block) units; below it the
+// columns alone are split.
+constexpr int64_t kBlockedRows64 = 16;
+
+// y[r, n] = out(n, sum) over m rows. Few rows (decode): the caller widens x once and the columns
+// are split over threads in tiles of kRows64. Many rows (prefill): units of a row block (about
+// 128 KB of widened x) by 16 tiles; the thread running a unit widens its rows itself (the caller
+// widened all m rows serially before) and reuses them from cache across the unit's tiles, where
+// the column split re-streamed all m widened rows for every tile. Every output is one dot4 call
+// either way, so the bits do not depend on m, the path or the thread split.
 template <class Widen, class Dot4, class Out>
 void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& widen, Dot4&& dot4, Out&& out, float* y,
                      ThreadPool* pool) {
+  const int64_t tiles = (N + kRows64 - 1) / kRows64;
+  if (m >= kBlockedRows64) {
+    constexpr int64_t kBlockTiles = 16;
+    const int64_t block_rows = std::clamp<int64_t>(int64_t(16384) / std::max<int64_t>(K, 1), 1, 16);
+    const int64_t rblocks = (m + block_rows - 1) / block_rows, cblocks = (tiles + kBlockTiles - 1) / kBlockTiles;
+    run(pool, rblocks * cblocks, 1, [&](int64_t u0, int64_t u1, int) {
+      thread_local std::vector<double> xb;
+      if (int64_t(xb.size()) < block_rows * K) xb.resize(size_t(block_rows * K));
+      double sums[kRows64];
+      int64_t widened = -1;  // the row block now in xb
+      for (int64_t u = u0; u < u1; ++u) {  // row-block major: a chunk's units mostly share their rows
+        const int64_t rb = u / cblocks, cb = u % cblocks;
+        const int64_t r0 = rb * block_rows, r1 = std::min(m, r0 + block_rows);
+        if (rb != widened) {
+          for (int64_t r = r0; r < r1; ++r) widen(x + r * K, K, xb.data() + (r - r0) * K);
+          widened = rb;
+        }
+        for (int64_t t = cb * kBlockTiles; t < std::min(tiles, (cb + 1) * kBlockTiles); ++t) {
+          const int64_t n0 = t * kRows64;
+          const int rows = int(std::min<int64_t>(kRows64, N - n0));
+          for (int64_t r = r0; r < r1; ++r) {
+            dot4(xb.data() + (r - r0) * K, n0, rows, sums);
+            for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = out(float(sums[i]));
+          }
+        }
+      }
+    });
+    return;
+  }
   thread_local std::vector<double> xs;
   if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
   double* xd = xs.data();
   for (int64_t r = 0; r < m; ++r) widen(x + r * K, K, xd + r * K);
-  const int64_t tiles = (N + kRows64 - 1) / kRows64;
   run(pool, tiles, 1, [&](int64_t t0, int64_t t1, int) {
     double sums[kRows64];
     for (int64_t t = t0; t < t1; ++t) {
