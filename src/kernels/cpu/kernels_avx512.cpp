@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -1153,36 +1154,43 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
   const int64_t K = w.in, N = w.out, nkb = K / 32, pairs = K / 2;
   // x as bf16, and per row: the magnitude sum of each 32-block, the smallest nonzero and the
   // largest magnitude (non-finite rows take the fp64 path).
+  // Also x widened to fp64 for the hand-overs. Rows are independent: split over the pool (this
+  // pass over m x K ran on the caller alone, four times per layer in prefill).
   thread_local std::vector<uint16_t> xbf;
   thread_local std::vector<float> xabs, xlo, xhi;
+  thread_local std::vector<double> x64;
   if (int64_t(xbf.size()) < m * K) xbf.resize(size_t(m * K));
   if (int64_t(xabs.size()) < m * nkb) xabs.resize(size_t(m * nkb));
   if (int64_t(xlo.size()) < m) xlo.resize(size_t(m)), xhi.resize(size_t(m));
-  for (int64_t r = 0; r < m; ++r) {
-    float lo = INFINITY, hi = 0.f;
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      const float* v = x + r * K + kb * 32;
-      const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(v)), a1 = _mm512_abs_ps(_mm512_loadu_ps(v + 16));
-      xabs[size_t(r * nkb + kb)] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-      hi = std::max({hi, _mm512_reduce_max_ps(a0), _mm512_reduce_max_ps(a1)});
-      const __m512 big = _mm512_set1_ps(INFINITY);
-      lo = std::min({lo, _mm512_reduce_min_ps(_mm512_mask_blend_ps(_mm512_cmpneq_ps_mask(a0, _mm512_setzero_ps()), big, a0)),
-                     _mm512_reduce_min_ps(_mm512_mask_blend_ps(_mm512_cmpneq_ps_mask(a1, _mm512_setzero_ps()), big, a1))});
-      // bf16-valued: the high halves are the values
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf.data() + r * K + kb * 32),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v)), 16)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf.data() + r * K + kb * 32 + 16),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v + 16)), 16)));
-    }
-    float total = 0.f;  // NaN or inf anywhere in the row makes it non-finite
-    for (int64_t kb = 0; kb < nkb; ++kb) total += xabs[size_t(r * nkb + kb)];
-    xlo[size_t(r)] = lo;
-    xhi[size_t(r)] = std::isfinite(total) && std::isfinite(hi) ? hi : INFINITY;
-  }
-  const double* xd = widened_x(x, m * K);
+  if (int64_t(x64.size()) < m * K) x64.resize(size_t(m * K));
   // The caller's thread-local arrays, by pointer: inside the workers the names are their own.
-  const uint16_t* xbf_all = xbf.data();
-  const float *abs_blocks = xabs.data(), *row_lo = xlo.data(), *row_hi = xhi.data();
+  uint16_t* const xbf_all = xbf.data();
+  float *const abs_blocks = xabs.data(), *const row_lo = xlo.data(), *const row_hi = xhi.data();
+  double* const xd = x64.data();
+  run(pool, m, 1, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float lo = INFINITY, hi = 0.f;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const float* v = x + r * K + kb * 32;
+        const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(v)), a1 = _mm512_abs_ps(_mm512_loadu_ps(v + 16));
+        abs_blocks[r * nkb + kb] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        hi = std::max({hi, _mm512_reduce_max_ps(a0), _mm512_reduce_max_ps(a1)});
+        const __m512 big = _mm512_set1_ps(INFINITY);
+        lo = std::min({lo, _mm512_reduce_min_ps(_mm512_mask_blend_ps(_mm512_cmpneq_ps_mask(a0, _mm512_setzero_ps()), big, a0)),
+                       _mm512_reduce_min_ps(_mm512_mask_blend_ps(_mm512_cmpneq_ps_mask(a1, _mm512_setzero_ps()), big, a1))});
+        // bf16-valued: the high halves are the values
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf_all + r * K + kb * 32),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v)), 16)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf_all + r * K + kb * 32 + 16),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v + 16)), 16)));
+      }
+      float total = 0.f;  // NaN or inf anywhere in the row makes it non-finite
+      for (int64_t kb = 0; kb < nkb; ++kb) total += abs_blocks[r * nkb + kb];
+      row_lo[r] = lo;
+      row_hi[r] = std::isfinite(total) && std::isfinite(hi) ? hi : INFINITY;
+      widen_x(x + r * K, K, xd + r * K);
+    }
+  });
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     int64_t settled = 0, handed = 0;
     thread_local std::vector<uint32_t> panel;  // [pairs][32]
@@ -1279,8 +1287,13 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, N = w.out, nkb = K / 32, nch = K / 64;
   if (K % 64 != 0 || detail::exact_fp8_dequant_only) return false;
-  for (int64_t i = 0; i < m * K; ++i)
-    if (f32_bits(x[i]) & 0xffff) return false;  // not bf16 values: the fp64 path
+  std::atomic<bool> bf16_valued{true};  // else the fp64 path; rows checked over the pool
+  run(pool, m, 1, [&](int64_t r0, int64_t r1, int) {
+    uint32_t low = 0;
+    for (int64_t i = r0 * K; i < r1 * K; ++i) low |= f32_bits(x[i]) & 0xffff;
+    if (low) bf16_valued.store(false, std::memory_order_relaxed);
+  });
+  if (!bf16_valued.load(std::memory_order_relaxed)) return false;
   if (m >= kCertifiedGemmRows) {
     fp8_dequant_certified_gemm(x, m, w, y, pool);
     return true;
