@@ -7,8 +7,8 @@
 namespace di {
 
 namespace {
-// All 256 E4M3 values, built at compile time: decoding sits in per-token loops (Engram rows,
-// activation QDQ), where ldexp per element showed in profiles.
+// One E4M3 code's value, for the compile-time table below: decoding sits in per-token loops
+// (Engram rows, activation QDQ), where ldexp per element showed in profiles.
 constexpr float e4m3_decode(uint8_t code) {
   const int e = (code >> 3) & 0xf, m = code & 7;
   const bool neg = code & 0x80;
@@ -18,19 +18,17 @@ constexpr float e4m3_decode(uint8_t code) {
   for (int i = 0; e != 0 && i < e - 10; ++i) v *= 2.f;
   return neg ? -v : v;
 }
-constexpr std::array<float, 256> kE4m3Table = [] {
-  std::array<float, 256> t{};
-  for (int c = 0; c < 256; ++c) t[size_t(c)] = e4m3_decode(uint8_t(c));
-  return t;
-}();
-
 // Round to nearest even through the fp32 adder: exact for 0 <= v < 2^22, and what nearbyint gives
 // in the engine's rounding mode (never changed from to-nearest-even), without a libm call.
 inline float round_even_small(float v) { return (v + 0x1p23f) - 0x1p23f; }
 }  // namespace
 
-// Constant-initialized (no static-initialization order to worry about).
-constinit const std::array<float, 256> detail::kE4m3Values = kE4m3Table;
+// All 256 values, constant-initialized (no static-initialization order to worry about).
+constinit const std::array<float, 256> detail::kE4m3Values = [] {
+  std::array<float, 256> t{};
+  for (int c = 0; c < 256; ++c) t[size_t(c)] = e4m3_decode(uint8_t(c));
+  return t;
+}();
 
 uint8_t f32_to_e4m3(float x) {
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;

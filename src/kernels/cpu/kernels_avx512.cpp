@@ -672,16 +672,26 @@ inline void dot_pairs_f64(const double* const* xs, const double* const* ws, int 
 // columns alone are split.
 constexpr int64_t kBlockedRows64 = 16;
 
-// y[r, n] = out(n, sum) over m rows. Few rows (decode): the caller widens x once and the columns
-// are split over threads in tiles of kRows64. Many rows (prefill): units of a row block (about
-// 128 KB of widened x) by 16 tiles; the thread running a unit widens its rows itself (the caller
-// widened all m rows serially before) and reuses them from cache across the unit's tiles, where
-// the column split re-streamed all m widened rows for every tile. Every output is one dot4 call
-// either way, so the bits do not depend on m, the path or the thread split.
+// y[r, n] = out(n, sum) over m rows. Few rows (decode): x is widened once and the columns are
+// split over threads in tiles of kRows64. Many rows (prefill): units of a row block (about
+// 128 KB of widened x) by 16 tiles, each unit's rows widened by the thread that runs it and
+// reused from cache across its tiles (a column split would re-stream all m widened rows for
+// every tile, after a serial widening pass). Every output is one dot4 call either way, so the
+// bits do not depend on m, the path or the thread split.
 template <class Widen, class Dot4, class Out>
 void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& widen, Dot4&& dot4, Out&& out, float* y,
                      ThreadPool* pool) {
   const int64_t tiles = (N + kRows64 - 1) / kRows64;
+  // Tile t for rows [r0, r1), whose widened x starts at xr.
+  auto tile = [&](const double* xr, int64_t r0, int64_t r1, int64_t t) {
+    double sums[kRows64];
+    const int64_t n0 = t * kRows64;
+    const int rows = int(std::min<int64_t>(kRows64, N - n0));
+    for (int64_t r = r0; r < r1; ++r) {
+      dot4(xr + (r - r0) * K, n0, rows, sums);
+      for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = out(float(sums[i]));
+    }
+  };
   if (m >= kBlockedRows64) {
     constexpr int64_t kBlockTiles = 16;
     const int64_t block_rows = std::clamp<int64_t>(int64_t(16384) / std::max<int64_t>(K, 1), 1, 16);
@@ -689,7 +699,6 @@ void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& wi
     run(pool, rblocks * cblocks, 1, [&](int64_t u0, int64_t u1, int) {
       thread_local std::vector<double> xb;
       if (int64_t(xb.size()) < block_rows * K) xb.resize(size_t(block_rows * K));
-      double sums[kRows64];
       int64_t widened = -1;  // the row block now in xb
       for (int64_t u = u0; u < u1; ++u) {  // row-block major: a chunk's units mostly share their rows
         const int64_t rb = u / cblocks, cb = u % cblocks;
@@ -698,14 +707,7 @@ void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& wi
           for (int64_t r = r0; r < r1; ++r) widen(x + r * K, K, xb.data() + (r - r0) * K);
           widened = rb;
         }
-        for (int64_t t = cb * kBlockTiles; t < std::min(tiles, (cb + 1) * kBlockTiles); ++t) {
-          const int64_t n0 = t * kRows64;
-          const int rows = int(std::min<int64_t>(kRows64, N - n0));
-          for (int64_t r = r0; r < r1; ++r) {
-            dot4(xb.data() + (r - r0) * K, n0, rows, sums);
-            for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = out(float(sums[i]));
-          }
-        }
+        for (int64_t t = cb * kBlockTiles; t < std::min(tiles, (cb + 1) * kBlockTiles); ++t) tile(xb.data(), r0, r1, t);
       }
     });
     return;
@@ -715,15 +717,7 @@ void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& wi
   double* xd = xs.data();
   for (int64_t r = 0; r < m; ++r) widen(x + r * K, K, xd + r * K);
   run(pool, tiles, 1, [&](int64_t t0, int64_t t1, int) {
-    double sums[kRows64];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * kRows64;
-      const int rows = int(std::min<int64_t>(kRows64, N - n0));
-      for (int64_t r = 0; r < m; ++r) {
-        dot4(xd + r * K, n0, rows, sums);
-        for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = out(float(sums[i]));
-      }
-    }
+    for (int64_t t = t0; t < t1; ++t) tile(xd, 0, m, t);
   });
 }
 
@@ -1154,8 +1148,8 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
   const int64_t K = w.in, N = w.out, nkb = K / 32, pairs = K / 2;
   // x as bf16, and per row: the magnitude sum of each 32-block, the smallest nonzero and the
   // largest magnitude (non-finite rows take the fp64 path).
-  // Also x widened to fp64 for the hand-overs. Rows are independent: split over the pool (this
-  // pass over m x K ran on the caller alone, four times per layer in prefill).
+  // Also x widened to fp64 for the hand-overs. Rows are independent, so the pass (m x K, four
+  // times per layer in prefill) is split over the pool.
   thread_local std::vector<uint16_t> xbf;
   thread_local std::vector<float> xabs, xlo, xhi;
   thread_local std::vector<double> x64;

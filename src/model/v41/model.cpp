@@ -586,13 +586,14 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     if (m_total > m0) active[n_active] = e, first[n_active++] = m0;
   }
   first[n_active] = m_total;
-  // The experts' input rows: over the pool's rows in prefill (N x K rows of dim), inline in
-  // decode (a few rows: a pool job would cost more than the copy).
+  // Decode (few rows): the experts' input rows are gathered inline (a pool job would cost more
+  // than the copy) and the shared expert is one more task of the experts' job (see for_tasks).
+  const bool decode = N <= kTaskParallelRows;
   auto gather = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) std::copy(x + size_t(rows[r]) * dim, x + size_t(rows[r] + 1) * dim, gx + size_t(r) * dim);
   };
-  if (N > kTaskParallelRows) for_rows(m_total, gather);
-  else gather(0, m_total);
+  if (decode) gather(0, m_total);
+  else for_rows(m_total, gather);
   // Shared expert over every row (its output added once, after the routed ones).
   float* gs = g + slots * I;
   float* us = u + slots * I;
@@ -603,13 +604,12 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     for_rows(N, [&](int64_t s0, int64_t s1) { swiglu(gs + s0 * I, us + s0 * I, int(s1 - s0), nullptr); });
     kern::linear_fp8(gs, N, F.shared.w2, eos);
   };
-  // In decode the shared expert is one more task of the experts' job (see for_tasks). It goes
-  // first: it is the largest (FP8, about twice a routed expert's bytes), and the pool hands tasks
-  // out in order, so placed last it ran alone on one thread while the other waited.
-  const bool shared_as_task = N <= kTaskParallelRows;
-  for_rows(n_active + shared_as_task, [&](int64_t i0, int64_t i1) {
+  // As a task the shared expert goes first: it is the largest (FP8, about twice a routed
+  // expert's bytes), and the pool hands tasks out in order, so placed last it ran alone on one
+  // thread while the other waited.
+  for_rows(n_active + decode, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t a = shared_as_task ? (i == 0 ? n_active : i - 1) : i;
+      const int64_t a = decode ? (i == 0 ? n_active : i - 1) : i;
       if (a == n_active) {
         shared_expert();
         continue;
@@ -624,7 +624,7 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
       kern::linear_fp4(ga, m, X.w2, eo + size_t(m0) * dim);
     }
   });
-  if (!shared_as_task) shared_expert();
+  if (!decode) shared_expert();
   // Each row adds its experts' outputs in slot (= expert-id) order, whichever thread owns the row,
   // then the shared expert's, with one bf16 rounding.
   for_rows(N, [&](int64_t s0, int64_t s1) {
