@@ -665,3 +665,100 @@ TEST(Kernels, IndexScores) {
     }
   }
 }
+
+// The AVX-512 integer path of index_scores (VNNI block sums): every key it takes must give the
+// scalar reference's bits, and what is not 7-bit fixed point per block (wide codes, NaN, too wide
+// an exponent spread for an exact fp64 sum, a q it cannot take) must go to the fp64 path. The
+// data here stays exact in fp64 in any order, so the reference's bits are the answer either way.
+TEST(Kernels, IndexScoresIntegerPath) {
+  if (!kern::isa_supported(kern::Isa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  IsaGuard guard;
+  kern::set_isa(kern::Isa::Avx512);
+  std::mt19937 g(23);
+  static const float kE2m1[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  // Per block: E2M1 values x 2^(lo..hi), or (wide) integers of up to 10 bits, or all zeros.
+  auto row = [&](int n, int lo, int hi, int wide_pct, int zero_pct) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; i += 32) {
+      const float scale = std::ldexp(1.f, lo + int(g() % unsigned(hi - lo + 1)));
+      const bool wide = int(g() % 100) < wide_pct, zero = int(g() % 100) < zero_pct;
+      for (int j = i; j < std::min(n, i + 32); ++j) {
+        const float c = wide ? float(int(g() % 2001) - 1000) : (g() & 8 ? -1.f : 1.f) * kE2m1[g() % 8];
+        v[size_t(j)] = zero ? 0.f : c * scale;
+      }
+    }
+    return v;
+  };
+  struct Case {
+    const char* what;
+    int h, d;
+    int64_t n;
+    int q_lo, q_hi, k_lo, k_hi, k_wide_pct, zero_pct;
+    bool q_wide, all_fixed;
+  };
+  const Case cases[] = {
+      {"model-like", 32, 128, 300, -8, 4, -8, 4, 0, 0, false, true},
+      {"ragged groups, zero blocks", 5, 64, 37, -6, 6, -6, 6, 0, 20, false, true},
+      {"one block per head, many keys", 7, 32, 1000, -3, 3, -3, 3, 0, 5, false, true},
+      {"d = 512", 2, 512, 40, -4, 4, -4, 4, 0, 0, false, true},
+      {"four keys", 3, 96, 4, -2, 2, -2, 2, 0, 0, false, true},
+      {"subnormal scales", 4, 64, 50, -140, -130, 0, 4, 0, 0, false, true},
+      {"wide key codes", 8, 64, 90, -4, 4, -4, 4, 10, 0, false, false},
+      {"spread over 30 bits", 6, 64, 64, 0, 16, -16, 0, 0, 0, false, false},
+      {"q not fixed point", 4, 64, 40, -4, 4, -4, 4, 0, 0, true, false},
+  };
+  for (const Case& c : cases) {
+    std::vector<float> q = row(c.h * c.d, c.q_lo, c.q_hi, 0, c.zero_pct);
+    if (c.q_wide) q[5] = 1001.f;
+    std::vector<float> w(size_t(c.h));
+    for (auto& v : w) v = round_bf16(std::normal_distribution<float>()(g) * 0.1f);
+    std::vector<std::vector<float>> store;
+    std::vector<const float*> keys;
+    for (int64_t u = 0; u < c.n; ++u) store.push_back(row(c.d, c.k_lo, c.k_hi, c.k_wide_pct, c.zero_pct));
+    for (auto& k : store) keys.push_back(k.data());
+    std::vector<float> want(size_t(c.n) + 1, -7.f), got(want), f64(want);
+    ref::index_scores(q.data(), w.data(), c.h, c.d, keys.data(), c.n, want.data());
+    int positive = 0;
+    for (int64_t u = 0; u < c.n; ++u) positive += want[size_t(u)] > 0.f;
+    EXPECT_GT(positive, 0) << c.what << ": relu left nothing, the test data is degenerate";
+    const int64_t before = kern::detail::index_fixed_keys.load();
+    kern::index_scores(q.data(), w.data(), c.h, c.d, keys.data(), c.n, got.data());
+    const int64_t fixed = kern::detail::index_fixed_keys.load() - before;
+    kern::detail::index_scores_fp64_only = true;
+    kern::index_scores(q.data(), w.data(), c.h, c.d, keys.data(), c.n, f64.data());
+    kern::detail::index_scores_fp64_only = false;
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << c.what;
+    EXPECT_EQ(0, std::memcmp(f64.data(), want.data(), f64.size() * 4)) << c.what;
+    if (c.all_fixed) {
+      EXPECT_EQ(fixed, c.n) << c.what << ": keys left to the fp64 path";
+    } else if (c.q_wide) {
+      EXPECT_EQ(fixed, 0) << c.what;
+    } else {
+      EXPECT_LT(fixed, c.n) << c.what << ": nothing went to the fp64 path";
+    }
+  }
+  // NaN and inf in keys: those groups go to the fp64 path, which propagates them as the reference.
+  {
+    const int h = 4, d = 64;
+    const int64_t n = 40;
+    std::vector<float> q = row(h * d, -2, 2, 0, 0), w(size_t(h), 0.5f);
+    std::vector<std::vector<float>> store;
+    std::vector<const float*> keys;
+    for (int64_t u = 0; u < n; ++u) store.push_back(row(d, -2, 2, 0, 0));
+    store[3][7] = NAN;
+    store[20][40] = INFINITY;
+    for (auto& k : store) keys.push_back(k.data());
+    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+    ref::index_scores(q.data(), w.data(), h, d, keys.data(), n, want.data());
+    const int64_t before = kern::detail::index_fixed_keys.load();
+    kern::index_scores(q.data(), w.data(), h, d, keys.data(), n, got.data());
+    EXPECT_EQ(kern::detail::index_fixed_keys.load() - before, n - 32) << "the groups of keys 3 and 20 are not fixed point";
+    for (int64_t u = 0; u < n; ++u) {
+      if (std::isnan(want[size_t(u)])) {
+        EXPECT_TRUE(std::isnan(got[size_t(u)])) << "key " << u;
+      } else {
+        EXPECT_EQ(got[size_t(u)], want[size_t(u)]) << "key " << u;
+      }
+    }
+  }
+}

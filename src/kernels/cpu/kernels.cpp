@@ -17,6 +17,8 @@ namespace detail {
 bool unrounded_quant_output = false;
 bool exact_fp8_dequant_only = false;
 std::atomic<int64_t> certified_outputs{0}, certified_fallbacks{0};
+bool index_scores_fp64_only = false;
+std::atomic<int64_t> index_fixed_keys{0}, index_fp64_keys{0};
 
 const float* e8m0_table() {
   static const std::array<float, 256> t = [] {
@@ -47,6 +49,7 @@ bool isa_supported(Isa i) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi") &&
+             __builtin_cpu_supports("avx512vnni") &&
              isa_supported(Isa::Avx2);
   }
   return false;

@@ -1,4 +1,4 @@
-// AVX-512 kernels (AVX512F/BW/VL/DQ/VBMI + AVX512_BF16).
+// AVX-512 kernels (AVX512F/BW/VL/DQ/VBMI + AVX512_BF16 + AVX512_VNNI).
 //
 // FP8/FP4 linears: activations are act_quant'ed to E4M3 values held as bf16; weights are
 // converted chunk by chunk to bf16 (exact, by table lookup) in a "panel" of 32 output columns laid out as
@@ -11,11 +11,13 @@
 //
 // bf16 / fp32 / FP8-dequant linears: exact products summed in fp64 (2 x 8 lanes per 16 K, then the
 // tail), rounded once to fp32. The logits head: fp32 vdpbf16ps sums (see linear_bf16_logits).
-// Attention: the reference's order (sequential fp64 dots, fp64 P.V per channel). Index scores: fp64.
+// Attention: the reference's order (sequential fp64 dots, fp64 P.V per channel). Index scores: exact
+// integer block sums (VNNI) combined in fp64, or fp64 dots where the data is not FP4-like.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -28,7 +30,7 @@
 // GCC 12 warns about the deliberately undefined halves inside its own AVX-512 intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,avx512vnni,fma,f16c")
 
 namespace di::kern::avx512 {
 namespace {
@@ -1435,7 +1437,9 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
 // of FP4-quantized q and k have a few significant bits and their sum is exact in fp64 in any order,
 // so this gives the reference's bits; the per-head epilogue is the reference's scalar code. Keys
 // go 4 at a time: 8 independent FMA chains per head instead of 2 (one key's dot was latency-bound).
-void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
+// The integer path below hands it whatever is not 7-bit fixed point per block.
+static void index_scores_f64(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n,
+                             float* out) {
   constexpr int KB = 4;
   thread_local std::vector<double> qs, ks;
   if (qs.size() < size_t(n_heads) * d) qs.resize(size_t(n_heads) * d);
@@ -1481,6 +1485,232 @@ void index_scores(const float* q, const float* w, int n_heads, int d, const floa
     }
     for (int b = 0; b < nk; ++b) out[u0 + b] = round_bf16(acc[b]);
   }
+}
+
+// ---- Index scores with integer block dot products (VNNI) ----
+// The indexer's q and k are E2M1 values times a power-of-two scale per 32-block, so every block is
+// "7-bit integer codes x 2^e" exactly: its 32 products sum exactly in int32 with vpdpbusd (64
+// products per instruction against 8 per fp64 FMA), and the block sums, scaled by their powers of
+// two, add exactly in fp64. The fp64 path's sums are exact on the same data, so both round the
+// same exact value once and the bits agree. Whatever is not such data takes the fp64 path: blocks
+// that are not 7-bit fixed point, NaN or inf, and exponent spreads at which an fp64 sum could round.
+namespace {
+
+constexpr int kIdxKeys = 16;          // keys per group: one int32 lane each
+constexpr int kIdxMaxD = 512;         // per-head dims the exactness bound below allows
+constexpr int kIdxMaxSpread = 30;     // 14 bits per product + log2(512) + 30 <= 53: fp64 sums exact
+constexpr int kIdxZeroBlock = 1 << 20;  // exponent marker of an all-zero block (no products)
+
+// Exponent of a finite nonzero float (subnormals included): |x| in [2^E, 2^(E+1)).
+inline int float_exponent(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const int field = int((u >> 23) & 0xff);
+  if (field != 0) return field - 127;
+  return 31 - __builtin_clz(u & 0x7fffff) - 149;
+}
+
+// One 32-value block as int8 codes c with v = c * 2^e exactly (|c| <= 127). False when the block
+// has no such form (more than 7 significant bits across it, NaN, inf); e = kIdxZeroBlock for zeros.
+inline bool fixed_block32(const float* v, __m128i& c0, __m128i& c1, int& e) {
+  const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  if (!(amax <= FLT_MAX)) return false;  // inf, or NaN picked up by the max
+  const int E = amax > 0.f ? float_exponent(amax) : 0;
+  const __m512 s = _mm512_set1_ps(float(6 - E));  // |v| 2^(6-E) < 128
+  const __m512 sa = _mm512_scalef_ps(a, s), sb = _mm512_scalef_ps(b, s);
+  const __m512i ia = _mm512_cvtps_epi32(sa), ib = _mm512_cvtps_epi32(sb);
+  // Integral (and not NaN: a NaN compares unequal) in every lane.
+  if ((_mm512_cmp_ps_mask(_mm512_cvtepi32_ps(ia), sa, _CMP_EQ_OQ) & _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(ib), sb, _CMP_EQ_OQ)) !=
+      0xffff)
+    return false;
+  c0 = _mm512_cvtepi32_epi8(ia);
+  c1 = _mm512_cvtepi32_epi8(ib);
+  e = amax > 0.f ? E - 6 : kIdxZeroBlock;
+  return true;
+}
+
+inline double pow2_f64(int e) {  // e within the fp64 normal range
+  const uint64_t u = uint64_t(e + 1023) << 52;
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+}
+
+struct IndexQuery {
+  std::vector<uint32_t> codes;  // [head][block][8 dwords of 4 signed codes]
+  std::vector<int32_t> corr;    // [head][block] 128 x sum of the codes: the keys' +128 offset
+  std::vector<double> scale;    // [head][block] 2^e
+  int emin = kIdxZeroBlock, emax = -kIdxZeroBlock;
+};
+
+bool fixed_query(const float* q, int n_heads, int d, IndexQuery& Q) {
+  const int nb = d / 32;
+  Q.codes.resize(size_t(n_heads) * nb * 8);
+  Q.corr.resize(size_t(n_heads) * nb);
+  Q.scale.resize(size_t(n_heads) * nb);
+  Q.emin = kIdxZeroBlock;
+  Q.emax = -kIdxZeroBlock;
+  for (int hb = 0; hb < n_heads * nb; ++hb) {
+    __m128i c0, c1;
+    int e;
+    if (!fixed_block32(q + int64_t(hb) * 32, c0, c1, e)) return false;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(Q.codes.data() + size_t(hb) * 8), c0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(Q.codes.data() + size_t(hb) * 8 + 4), c1);
+    Q.corr[size_t(hb)] = 128 * (_mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(c0)) + _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(c1)));
+    Q.scale[size_t(hb)] = e == kIdxZeroBlock ? 1.0 : pow2_f64(e);
+    if (e != kIdxZeroBlock) Q.emin = std::min(Q.emin, e), Q.emax = std::max(Q.emax, e);
+  }
+  return true;
+}
+
+// Lane u = max over the 16 lanes of m[u] (unsigned dwords): a transposing tree, 45 operations for
+// 16 rows instead of 16 serial reductions.
+inline __m512i hmax16_epu32(const __m512i (&m)[16]) {
+  __m512i x[8], y[4];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    x[i] = _mm512_max_epu32(_mm512_unpacklo_epi32(m[2 * i], m[2 * i + 1]), _mm512_unpackhi_epi32(m[2 * i], m[2 * i + 1]));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // 128-bit lane L: rows 4i..4i+3 over lane L's four dwords
+    y[i] = _mm512_max_epu32(_mm512_unpacklo_epi64(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_epi64(x[2 * i], x[2 * i + 1]));
+  const __m512i u0 = _mm512_max_epu32(_mm512_shuffle_i32x4(y[0], y[1], 0x44), _mm512_shuffle_i32x4(y[0], y[1], 0xEE));
+  const __m512i u1 = _mm512_max_epu32(_mm512_shuffle_i32x4(y[2], y[3], 0x44), _mm512_shuffle_i32x4(y[2], y[3], 0xEE));
+  return _mm512_max_epu32(_mm512_shuffle_i32x4(u0, u1, 0x88), _mm512_shuffle_i32x4(u0, u1, 0xDD));
+}
+
+// Keys u0 .. u0 + nk (nk <= 16) into the group layout kc[block][dword][key] (codes + 128 as u8)
+// and ks[block][key] = 2^e, 16 keys per vector operation (one key's block at a time is a chain of
+// dependent reductions). False if any key is not fixed point or its exponents spread too far from
+// the query's for an exact fp64 sum.
+bool fixed_key_group(const float* const* keys, int nk, int nb, const IndexQuery& Q, uint32_t* kc, double* ks) {
+  alignas(64) uint32_t rows[kIdxKeys][16];  // codes of blocks 2c, 2c + 1 per key, transposed per pair
+  alignas(64) float shift[kIdxKeys];
+  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
+  const __m128i offset = _mm_set1_epi8(int8_t(0x80));
+  const __m512i none = _mm512_set1_epi32(kIdxZeroBlock);
+  __m512i kmin = none, kmax = _mm512_set1_epi32(-kIdxZeroBlock);
+  uint32_t bad = 0;
+  for (int b = 0; b < nb; ++b) {
+    __m512i m[kIdxKeys];
+#pragma GCC unroll 16
+    for (int u = 0; u < kIdxKeys; ++u)
+      m[u] = u < nk ? _mm512_max_epu32(_mm512_and_si512(_mm512_loadu_si512(keys[u] + b * 32), abs_bits),
+                                       _mm512_and_si512(_mm512_loadu_si512(keys[u] + b * 32 + 16), abs_bits))
+                    : _mm512_setzero_si512();
+    const __m512 amax = _mm512_castsi512_ps(hmax16_epu32(m));  // NaN bits sort above inf
+    bad |= _mm512_cmp_ps_mask(amax, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ);
+    const __mmask16 zero = _mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_EQ_OQ);
+    const __m512 E = _mm512_mask_mov_ps(_mm512_getexp_ps(amax), zero, _mm512_setzero_ps());
+    _mm512_store_ps(shift, _mm512_sub_ps(_mm512_set1_ps(6.f), E));  // |v| 2^(6-E) < 128
+    const __m512i e = _mm512_sub_epi32(_mm512_cvttps_epi32(E), _mm512_set1_epi32(6));
+    kmin = _mm512_mask_min_epi32(kmin, ~zero, kmin, e);
+    kmax = _mm512_mask_max_epi32(kmax, ~zero, kmax, e);
+    const __m512i bits = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(e)), _mm512_set1_epi64(1023)), 52);
+    const __m512i bits_hi =
+        _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(e, 1)), _mm512_set1_epi64(1023)), 52);
+    _mm512_storeu_pd(ks + b * kIdxKeys, _mm512_mask_mov_pd(_mm512_castsi512_pd(bits), __mmask8(zero), _mm512_set1_pd(1.0)));
+    _mm512_storeu_pd(ks + b * kIdxKeys + 8, _mm512_mask_mov_pd(_mm512_castsi512_pd(bits_hi), __mmask8(zero >> 8), _mm512_set1_pd(1.0)));
+    for (int u = 0; u < nk; ++u) {
+      const __m512 sv = _mm512_set1_ps(shift[u]);
+      const __m512 sa = _mm512_scalef_ps(_mm512_loadu_ps(keys[u] + b * 32), sv);
+      const __m512 sb = _mm512_scalef_ps(_mm512_loadu_ps(keys[u] + b * 32 + 16), sv);
+      const __m512i ia = _mm512_cvtps_epi32(sa), ib = _mm512_cvtps_epi32(sb);
+      // Integral (a NaN compares unequal) in every lane.
+      bad |= 0xffffu ^ (_mm512_cmp_ps_mask(_mm512_cvtepi32_ps(ia), sa, _CMP_EQ_OQ) & _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(ib), sb, _CMP_EQ_OQ));
+      _mm_store_si128(reinterpret_cast<__m128i*>(rows[u] + (b & 1) * 8), _mm_xor_si128(_mm512_cvtepi32_epi8(ia), offset));
+      _mm_store_si128(reinterpret_cast<__m128i*>(rows[u] + (b & 1) * 8 + 4), _mm_xor_si128(_mm512_cvtepi32_epi8(ib), offset));
+    }
+    for (int u = nk; u < kIdxKeys; ++u) {  // padding keys: code 0
+      _mm_store_si128(reinterpret_cast<__m128i*>(rows[u] + (b & 1) * 8), offset);
+      _mm_store_si128(reinterpret_cast<__m128i*>(rows[u] + (b & 1) * 8 + 4), offset);
+    }
+    if ((b & 1) == 1 || b == nb - 1) {  // blocks b - 1, b (or b alone) to [dword][key]
+      __m512i r[kIdxKeys];
+#pragma GCC unroll 16
+      for (int u = 0; u < kIdxKeys; ++u) r[u] = _mm512_load_si512(rows[u]);
+      transpose16(r);
+      const int b0 = b & ~1, dwords = (b - b0 + 1) * 8;
+      for (int t = 0; t < dwords; ++t) _mm512_storeu_si512(kc + (b0 * 8 + t) * kIdxKeys, r[t]);
+    }
+  }
+  if (bad != 0) return false;
+  if (Q.emin == kIdxZeroBlock) return true;  // q all zeros: no products
+  const __mmask16 any = _mm512_cmp_epi32_mask(kmin, none, _MM_CMPINT_NE);
+  const __m512i spread = _mm512_add_epi32(_mm512_sub_epi32(kmax, kmin), _mm512_set1_epi32(Q.emax - Q.emin));
+  return _mm512_mask_cmp_epi32_mask(any, spread, _mm512_set1_epi32(kIdxMaxSpread), _MM_CMPINT_GT) == 0;
+}
+
+// Scores of one key group: dot[h][key] = sum over blocks of (int32 block sum) x 2^(eq + ek), then
+// the reference's per-head epilogue in 16 lanes (each key's heads in order, as the scalar code).
+void score_key_group(const IndexQuery& Q, const float* w, int n_heads, int nb, const uint32_t* kc, const double* ks,
+                     double* dot, float* out, int nk) {
+  for (int b = 0; b < nb; ++b) {
+    __m512i kv[8];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) kv[g] = _mm512_loadu_si512(kc + (b * 8 + g) * kIdxKeys);
+    const __m512d ks0 = _mm512_loadu_pd(ks + b * kIdxKeys), ks1 = _mm512_loadu_pd(ks + b * kIdxKeys + 8);
+    for (int h = 0; h < n_heads; ++h) {
+      const uint32_t* qc = Q.codes.data() + (size_t(h) * nb + b) * 8;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();  // two chains: half the latency
+#pragma GCC unroll 4
+      for (int g = 0; g < 8; g += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, kv[g], _mm512_set1_epi32(int(qc[g])));
+        s1 = _mm512_dpbusd_epi32(s1, kv[g + 1], _mm512_set1_epi32(int(qc[g + 1])));
+      }
+      const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(Q.corr[size_t(h) * nb + b]));
+      const __m512d qs = _mm512_set1_pd(Q.scale[size_t(h) * nb + b]);
+      const __m512d v0 = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(s)), ks0), qs);
+      const __m512d v1 = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s, 1)), ks1), qs);
+      double* dh = dot + size_t(h) * kIdxKeys;
+      if (b == 0) {
+        _mm512_storeu_pd(dh, v0);
+        _mm512_storeu_pd(dh + 8, v1);
+      } else {
+        _mm512_storeu_pd(dh, _mm512_add_pd(_mm512_loadu_pd(dh), v0));
+        _mm512_storeu_pd(dh + 8, _mm512_add_pd(_mm512_loadu_pd(dh + 8), v1));
+      }
+    }
+  }
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 acc = zero;
+  for (int h = 0; h < n_heads; ++h) {
+    const double* dh = dot + size_t(h) * kIdxKeys;
+    __m512 v = round_bf16_ps(_mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_loadu_pd(dh))),
+                                                _mm512_cvtpd_ps(_mm512_loadu_pd(dh + 8)), 1));
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), zero);  // std::max(v, 0.f): NaN and -0 stay
+    acc = _mm512_add_ps(acc, round_bf16_ps(_mm512_mul_ps(v, _mm512_set1_ps(w[h]))));
+  }
+  _mm512_mask_storeu_ps(out, __mmask16((1u << nk) - 1), round_bf16_ps(acc));
+}
+
+}  // namespace
+
+void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
+  thread_local IndexQuery Q;
+  // A handful of keys do not pay for converting q.
+  if (d % 32 != 0 || d > kIdxMaxD || n < 4 || detail::index_scores_fp64_only || !fixed_query(q, n_heads, d, Q)) {
+    detail::index_fp64_keys.fetch_add(n, std::memory_order_relaxed);
+    return index_scores_f64(q, w, n_heads, d, keys, n, out);
+  }
+  const int nb = d / 32;
+  thread_local std::vector<uint32_t> kc;
+  thread_local std::vector<double> ks, dot;
+  kc.resize(size_t(nb) * 8 * kIdxKeys);
+  ks.resize(size_t(nb) * kIdxKeys);
+  dot.resize(size_t(n_heads) * kIdxKeys);
+  int64_t fixed = 0;
+  for (int64_t u0 = 0; u0 < n; u0 += kIdxKeys) {
+    const int nk = int(std::min<int64_t>(kIdxKeys, n - u0));
+    if (fixed_key_group(keys + u0, nk, nb, Q, kc.data(), ks.data())) {
+      score_key_group(Q, w, n_heads, nb, kc.data(), ks.data(), dot.data(), out + u0, nk);
+      fixed += nk;
+    } else {
+      index_scores_f64(q, w, n_heads, d, keys + u0, nk, out + u0);
+    }
+  }
+  detail::index_fixed_keys.fetch_add(fixed, std::memory_order_relaxed);
+  detail::index_fp64_keys.fetch_add(n - fixed, std::memory_order_relaxed);
 }
 
 // P.V of HB heads over the live rows of a chunk: part[h][i] = sum_j pb[h][j] kv_j[i], each output

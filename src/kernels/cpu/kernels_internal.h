@@ -33,6 +33,11 @@ extern bool unrounded_quant_output;
 extern bool exact_fp8_dequant_only;
 extern std::atomic<int64_t> certified_outputs, certified_fallbacks;
 
+// index_scores (AVX-512): keys scored by the integer block path and by the fp64 path; tests set
+// index_scores_fp64_only to get the fp64 path's bits for comparison.
+extern bool index_scores_fp64_only;
+extern std::atomic<int64_t> index_fixed_keys, index_fp64_keys;
+
 }  // namespace di::kern::detail
 
 #define DI_KERN_DECLARE_ISA(ns)                                                                                   \
