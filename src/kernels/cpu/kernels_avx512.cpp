@@ -11,7 +11,8 @@
 //
 // bf16 / fp32 / FP8-dequant linears: exact products summed in fp64 (2 x 8 lanes per 16 K, then the
 // tail), rounded once to fp32. The logits head: fp32 vdpbf16ps sums (see linear_bf16_logits).
-// Attention: the reference's order (sequential fp64 dots, fp64 P.V per channel). Index scores: exact
+// Attention: fp64 dots (exact for its operands, so in any order), the reference's recurrence, fp64
+// P.V per channel in row order. Index scores: exact
 // integer block sums (VNNI) combined in fp64, or fp64 dots where the data is not FP4-like.
 #include <immintrin.h>
 
@@ -1750,13 +1751,49 @@ inline void pv_heads(const double* pb, int64_t pb_stride, const float* const* ro
     }
 }
 
+// sums[h][r] = q_h . row_r for 4 heads (fp64 q, rows of d) x 4 rows (fp32, widened here): 16
+// accumulators of 8 lanes over d, then a pairwise reduction; the tail past the last 8 is added
+// last. Exact for the attention's operands (see the caller), so the order does not matter.
+inline void score_tile(const double* q, int d, const float* const (&rw)[4], double (&sums)[4][4]) {
+  __m512d a[4][4];
+#pragma GCC unroll 4
+  for (int h = 0; h < 4; ++h)
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) a[h][r] = _mm512_setzero_pd();
+  int i = 0;
+  for (; i + 8 <= d; i += 8) {
+    __m512d k[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) k[r] = _mm512_cvtps_pd(_mm256_loadu_ps(rw[r] + i));
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {
+      const __m512d qv = _mm512_loadu_pd(q + int64_t(h) * d + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) a[h][r] = _mm512_fmadd_pd(qv, k[r], a[h][r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < 4; ++h) {
+    // [r0, r1] and [r2, r3] pair sums per 128-bit lane, then the four lanes added.
+    const __m512d t0 = _mm512_add_pd(_mm512_unpacklo_pd(a[h][0], a[h][1]), _mm512_unpackhi_pd(a[h][0], a[h][1]));
+    const __m512d t1 = _mm512_add_pd(_mm512_unpacklo_pd(a[h][2], a[h][3]), _mm512_unpackhi_pd(a[h][2], a[h][3]));
+    const __m512d s = _mm512_add_pd(_mm512_shuffle_f64x2(t0, t1, 0x44), _mm512_shuffle_f64x2(t0, t1, 0xEE));
+    const __m512d x = _mm512_add_pd(s, _mm512_shuffle_f64x2(s, s, 0xB1));
+    alignas(64) double v[8];
+    _mm512_store_pd(v, x);
+    sums[h][0] = v[0], sums[h][1] = v[1], sums[h][2] = v[4], sums[h][3] = v[5];
+    for (int j = i; j < d; ++j)
+      for (int r = 0; r < 4; ++r) sums[h][r] += q[int64_t(h) * d + j] * double(rw[r][j]);
+  }
+}
+
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;
   const int H = n_heads;
-  thread_local std::vector<double> kvT, part, qd, pb;
+  thread_local std::vector<double> part, qd, pb;
   thread_local std::vector<float> score, acc, zero_row, running_max, denom, rescale;
-  if (kvT.size() < size_t(d) * 8) kvT.resize(size_t(d) * 8);
+
   if (part.size() < size_t(H) * d) part.resize(size_t(H) * d);
   if (pb.size() < size_t(H) * kChunk) pb.resize(size_t(H) * kChunk);
   if (rescale.size() < size_t(H)) rescale.resize(size_t(H));
@@ -1767,9 +1804,10 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
   std::fill(acc.begin(), acc.begin() + int64_t(H) * d, 0.f);
   std::fill(running_max.begin(), running_max.begin() + H, -1e30f);
   std::fill(denom.begin(), denom.begin() + H, 0.f);
-  double* kt = kvT.data();
-  if (qd.size() < size_t(H) * d) qd.resize(size_t(H) * d);
-  widen_x(q, int64_t(H) * d, qd.data());  // widened once, broadcast from memory
+  const int H4 = (H + 3) / 4 * 4;  // score tiles take 4 heads
+  if (qd.size() < size_t(H4) * d) qd.resize(size_t(H4) * d);
+  widen_x(q, int64_t(H) * d, qd.data());  // widened once
+  std::fill(qd.begin() + int64_t(H) * d, qd.begin() + int64_t(H4) * d, 0.0);
   for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
     const int64_t c1 = std::min(n_rows, c0 + kChunk);
     // Only the chunk's live rows are scored: a skipped (-1) entry's probability is exp(-inf) = 0,
@@ -1781,55 +1819,23 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
     for (int64_t j = c0; j < c1; ++j)
       if (kv_rows[j]) rows[live++] = kv_rows[j];
     if (live == 0) continue;
-    // Scores: 8 rows per lane group, each lane a sequential fp64 dot over d (the reference's order).
-    for (int g0 = 0; g0 < live; g0 += 8) {
-      const int ng = std::min(8, live - g0);
-      const float* rw[8];
-      for (int l = 0; l < 8; ++l) rw[l] = l < ng ? rows[g0 + l] : zero_row.data();
-      // The 8 rows transposed into kt[i][row] in fp64, 8 x 8 floats per in-register transpose.
-      int i = 0;
-      for (; i + 8 <= d; i += 8) {
-        // Fully unrolled: loops over these arrays left them on the stack (the transpose went through memory).
-        __m256 r[8], t[8], u[8];
-#pragma GCC unroll 8
-        for (int l = 0; l < 8; ++l) r[l] = _mm256_loadu_ps(rw[l] + i);
-#pragma GCC unroll 4
-        for (int l = 0; l < 8; l += 2) t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]), t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
-#pragma GCC unroll 2
-        for (int l = 0; l < 8; l += 4) {
-          u[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44), u[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
-          u[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44), u[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          _mm512_storeu_pd(kt + int64_t(i + c) * 8, _mm512_cvtps_pd(_mm256_permute2f128_ps(u[c], u[c + 4], 0x20)));
-          _mm512_storeu_pd(kt + int64_t(i + c + 4) * 8, _mm512_cvtps_pd(_mm256_permute2f128_ps(u[c], u[c + 4], 0x31)));
-        }
-      }
-      for (; i < d; ++i)
-        for (int l = 0; l < 8; ++l) kt[int64_t(i) * 8 + l] = rw[l][i];
-      for (int h0 = 0; h0 < H; h0 += 8) {
-        const int nh = std::min(8, H - h0);
-        __m512d a[8];
-        for (int hh = 0; hh < 8; ++hh) a[hh] = _mm512_setzero_pd();
-        const double* qh = qd.data() + int64_t(h0) * d;
-        if (nh == 8) {
-          for (int i = 0; i < d; ++i) {
-            const __m512d kv = _mm512_loadu_pd(kt + int64_t(i) * 8);
-#pragma GCC unroll 8
-            for (int hh = 0; hh < 8; ++hh) a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(qh[int64_t(hh) * d + i]), kv, a[hh]);
-          }
-        } else {
-          for (int i = 0; i < d; ++i) {
-            const __m512d kv = _mm512_loadu_pd(kt + int64_t(i) * 8);
-            for (int hh = 0; hh < nh; ++hh) a[hh] = _mm512_fmadd_pd(_mm512_set1_pd(qh[int64_t(hh) * d + i]), kv, a[hh]);
-          }
-        }
-        for (int hh = 0; hh < nh; ++hh) {
-          alignas(64) double dots[8];
-          _mm512_storeu_pd(dots, a[hh]);
-          for (int l = 0; l < ng; ++l) score[size_t(h0 + hh) * kChunk + size_t(g0 + l)] = float(dots[l]) * softmax_scale;
-        }
+    // Scores: tiles of 4 heads x 4 rows, 8-lane fp64 partial dots over d, reduced per tile. Every
+    // product is exact (bf16 q times E4M3 or E2M1 x E4M3 kv values: <= 14 significant bits) and
+    // fp64 sums of up to 512 of them are exact whenever their exponents span under 30 bits (all
+    // test and golden data), so any order gives the sequential dot's bits, without transposing
+    // the rows (which cost as much as the dots at 8 heads per call).
+    // Heads outside, rows inside: a 4-head q tile (16 KB at d = 512) stays in L1 while the chunk's
+    // rows stream past it from L2.
+    for (int h0 = 0; h0 < H; h0 += 4) {
+      const double* qh = qd.data() + int64_t(h0) * d;  // heads past H are zero rows
+      for (int g0 = 0; g0 < live; g0 += 4) {
+        const int nr = std::min(4, live - g0);
+        const float* rw[4];
+        for (int r = 0; r < 4; ++r) rw[r] = r < nr ? rows[g0 + r] : zero_row.data();
+        double sums[4][4];
+        score_tile(qh, d, rw, sums);
+        for (int hh = 0; hh < std::min(4, H - h0); ++hh)
+          for (int r = 0; r < nr; ++r) score[size_t(h0 + hh) * kChunk + size_t(g0 + r)] = float(sums[hh][r]) * softmax_scale;
       }
     }
     // Probabilities of every head first (libm expf and the per-head fp64 psum of the reference),
