@@ -3,6 +3,7 @@
 // ragged edges, realistic and extreme values, and thread-count / batching invariance.
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -622,6 +623,34 @@ TEST(Kernels, SparseAttention) {
           << kern::isa_name(isa) << " h=" << a.h << " d=" << a.d << " rows=" << a.rows;
     }
   }
+}
+
+// The attention's probabilities use a vector copy of glibc's expf: it must give std::exp's bits.
+// Every 509th float bit pattern (all signs, exponents and a spread of mantissas), the attention's
+// range [-104, 0] densely, and the special cases (NaN, infinities, overflow and underflow edges).
+TEST(Kernels, VectorExpfMatchesLibm) {
+  if (!kern::isa_supported(kern::Isa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::vector<float> x;
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 509) {
+    float f;
+    const uint32_t b = uint32_t(u);
+    std::memcpy(&f, &b, 4);
+    x.push_back(f);
+  }
+  for (float f = -104.f; f <= 0.f; f += 1.f / 4096) x.push_back(f);
+  for (float f : {0.f, -0.f, INFINITY, -INFINITY, NAN, 88.f, 88.72f, 89.f, -87.f, -88.f, -103.f, -103.3f, -103.5f, -104.f,
+                  -105.f, 1e-30f, -1e-30f, 1e-45f, -1e-45f, FLT_MAX, -FLT_MAX})
+    x.push_back(f);
+  std::vector<float> got(x.size());
+  kern::avx512::expf_batch(x.data(), int64_t(x.size()), got.data());
+  int64_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = std::exp(x[i]);
+    if (std::memcmp(&want, &got[i], 4) != 0 && !(std::isnan(want) && std::isnan(got[i]))) {
+      if (++bad <= 5) ADD_FAILURE() << "exp(" << x[i] << "): " << got[i] << " vs libm " << want;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << x.size() << " arguments";
 }
 
 // Indexer scores: q and k are FP4(E2M1) values times power-of-two block scales, as the model

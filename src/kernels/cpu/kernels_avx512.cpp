@@ -402,6 +402,48 @@ inline __m512 round_bf16_ps(__m512 v) {
   return _mm512_castsi512_ps(r);
 }
 
+// glibc's expf (sysdeps/ieee754/flt-32/e_expf.c, as built for x86-64 with FMA: the variant its
+// libm runs on every CPU with AVX-512) in 8 fp64 lanes: the same table, constants and operations,
+// with the FMAs where that build contracts them, so the bits are std::exp's (checked against it on
+// every float <= 0, and sampled over all floats in tests). Arguments it hands to its special cases
+// (|x| >= 88 or so, NaN, inf) are left to std::exp.
+constexpr uint64_t kExp2fTable[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+
+inline __m256 expf_libm_8(__m256 x) {
+  const __m512d inv_ln2_n = _mm512_set1_pd(0x1.71547652b82fep+5), shift = _mm512_set1_pd(0x1.8p+52);
+  const __m512d xd = _mm512_cvtps_pd(x);
+  const __m512d kd_shifted = _mm512_fmadd_pd(inv_ln2_n, xd, shift);
+  const __m512i ki = _mm512_castpd_si512(kd_shifted);
+  const __m512d r = _mm512_fmsub_pd(inv_ln2_n, xd, _mm512_sub_pd(kd_shifted, shift));
+  const __m512i* tab = reinterpret_cast<const __m512i*>(kExp2fTable);
+  const __m512i lo = _mm512_permutex2var_epi64(_mm512_loadu_si512(tab), ki, _mm512_loadu_si512(tab + 1));
+  const __m512i hi = _mm512_permutex2var_epi64(_mm512_loadu_si512(tab + 2), ki, _mm512_loadu_si512(tab + 3));
+  const __m512i t = _mm512_mask_mov_epi64(lo, _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), hi);
+  const __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64(ki, 47)));
+  const __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(0x1.c6af84b912394p-20), r, _mm512_set1_pd(0x1.ebfce50fac4f3p-13));
+  const __m512d y = _mm512_fmadd_pd(r, _mm512_set1_pd(0x1.62e42ff0c52d6p-6), _mm512_set1_pd(1.0));
+  return _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_fmadd_pd(z, _mm512_mul_pd(r, r), y), s));
+}
+
+// std::exp of n floats (n <= 16) from x into out.
+inline void expf_libm(const float* x, int n, float* out) {
+  const __mmask16 k = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+  const __m512 v = _mm512_maskz_loadu_ps(k, x);
+  const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(expf_libm_8(_mm512_castps512_ps256(v))),
+                                      expf_libm_8(_mm512_extractf32x8_ps(v, 1)), 1);
+  _mm512_mask_storeu_ps(out, k, e);
+  const __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20), _mm512_set1_epi32(0x7ff));
+  for (unsigned special = _mm512_mask_cmpgt_epu32_mask(k, top, _mm512_set1_epi32(0x42a)); special; special &= special - 1)
+    out[__builtin_ctz(special)] = std::exp(x[__builtin_ctz(special)]);
+}
+
 struct ActScratch {
   std::vector<uint16_t> xq;  // [m][K] E4M3 values as bf16
   std::vector<float> sa;     // [m][K/32]
@@ -1848,11 +1890,17 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       rescale[size_t(h)] = std::exp(running_max[size_t(h)] - new_max);
       double psum = 0;
       double* pbh = pb.data() + size_t(h) * kChunk;
-      for (int l = 0; l < live; ++l) {
-        const float p = std::exp(sc[l] - new_max);
-        psum += p;
-        pbh[l] = double(round_bf16(p));
+      alignas(64) float p[kChunk];
+      for (int l = 0; l < live; l += 16) {
+        alignas(64) float arg[16];
+        const __mmask16 k = live - l >= 16 ? __mmask16(0xffff) : __mmask16((1u << (live - l)) - 1);
+        _mm512_store_ps(arg, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, sc + l), _mm512_set1_ps(new_max)));
+        expf_libm(arg, std::min(16, live - l), p + l);
+        const __m512 b = round_bf16_ps(_mm512_maskz_loadu_ps(k, p + l));
+        _mm512_mask_storeu_pd(pbh + l, __mmask8(k), _mm512_cvtps_pd(_mm512_castps512_ps256(b)));
+        _mm512_mask_storeu_pd(pbh + l + 8, __mmask8(k >> 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(b, 1)));
       }
+      for (int l = 0; l < live; ++l) psum += p[l];  // fp64 in row order, as the reference
       denom[size_t(h)] = denom[size_t(h)] * rescale[size_t(h)] + float(psum);
       running_max[size_t(h)] = new_max;
     }
@@ -1883,6 +1931,10 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       _mm512_storeu_ps(oh + i, round_bf16_ps(_mm512_div_ps(_mm512_loadu_ps(ah + i), _mm512_set1_ps(dn))));
     for (; i < d; ++i) oh[i] = round_bf16(ah[i] / dn);
   }
+}
+
+void expf_batch(const float* x, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; i += 16) expf_libm(x + i, int(std::min<int64_t>(16, n - i)), out + i);
 }
 
 size_t packed_bytes_fp8(const ref::Fp8Weight& w) {

@@ -62,6 +62,8 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
 void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);
 void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y);
+// std::exp of each float, by the attention's vector copy of glibc's expf (for tests).
+void expf_batch(const float* x, int64_t n, float* out);
 }  // namespace di::kern::avx512
 DI_KERN_DECLARE_ISA(avx2)
 
