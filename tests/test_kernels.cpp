@@ -536,6 +536,15 @@ TEST(Kernels, LinearFp8DequantCertified) {
         check(x, s.m, w.view, std::string(kern::isa_name(isa)) + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
                                   " k=" + std::to_string(s.k) + (extreme ? " extreme" : ""));
       }
+    // The GEMM layout (m >= 24) with a row below the covered range: its hand-overs go to fp64
+    // from the original x and weights, the other rows' through the bf16 columns.
+    {
+      auto w = make_fp8(g, 40, 128, false);
+      auto x = make_activations(g, 30 * 128, false);
+      for (auto& v : x) v = round_bf16(v);
+      for (int k = 0; k < 128; ++k) x[5 * 128 + size_t(k)] = 0x1p-110f * float(k % 3 - 1);
+      check(x, 30, w.view, std::string(kern::isa_name(isa)) + " GEMM layout, a row below the covered range");
+    }
     // Weights all 1.0 (E4M3 0x38, scale 2^0), 64 inputs.
     std::vector<uint8_t> ones(64 * 32, 0x38), scale(2, 127);
     const ref::Fp8Weight w1{ones.data(), scale.data(), 32, 64};

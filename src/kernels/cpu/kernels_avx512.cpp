@@ -21,6 +21,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "core/dtypes.h"
@@ -1098,6 +1099,29 @@ inline bool certify_bf16(double sum, double tracked, double abs_sum, double mag,
   return true;
 }
 
+// certify_bf16 for 16 outputs of one row at once (the GEMM layout has them in lanes): the same
+// bound, in fp64 lanes. Stores the settled lanes' bf16 to out and returns their mask.
+inline __mmask16 certify_bf16_x16(__m512 sum32, __m512 tracked32, double abs_sum, __mmask16 valid, float* out) {
+  __m256 lo8[2], hi8[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512d sum = _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps(sum32, 1) : _mm512_castps512_ps256(sum32));
+    const __m512d tracked = _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps(tracked32, 1) : _mm512_castps512_ps256(tracked32));
+    const __m512d inner = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(2.0), tracked), _mm512_set1_pd(448 * abs_sum));
+    const __m512d bound = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(0x1p-24 * 1.01), inner),
+                                        _mm512_mul_pd(_mm512_set1_pd(0x1p-45), _mm512_abs_pd(sum)));
+    lo8[h] = _mm512_cvtpd_ps(_mm512_sub_pd(sum, bound));
+    hi8[h] = _mm512_cvtpd_ps(_mm512_add_pd(sum, bound));
+  }
+  const __m512 lo = round_bf16_ps(_mm512_insertf32x8(_mm512_castps256_ps512(lo8[0]), lo8[1], 1));
+  const __m512 hi = round_bf16_ps(_mm512_insertf32x8(_mm512_castps256_ps512(hi8[0]), hi8[1], 1));
+  // A finite sum (|x| < inf, not NaN) and a bound that is not NaN (a NaN lo fails the ordered test).
+  const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(sum32), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) &
+                           _mm512_cmp_ps_mask(lo, lo, _CMP_ORD_Q) & _mm512_cmp_ps_mask(hi, hi, _CMP_ORD_Q);
+  const __mmask16 ok = valid & finite & _mm512_cmpeq_epi32_mask(_mm512_castps_si512(lo), _mm512_castps_si512(hi));
+  _mm512_mask_storeu_ps(out, ok, lo);
+  return ok;
+}
+
 // NR weight rows against M rows of x x scale: the fp32 dot products and, beside each accumulator,
 // the running sum of its magnitudes after every step. Compile-time M and NR, fully unrolled, keep
 // all of it in registers (arrays indexed at run time were spilled to the stack); several weight
@@ -1181,6 +1205,30 @@ inline void certified_tile(const uint16_t* xb, int64_t ldx, const uint32_t* pane
     }
 }
 
+// sums[q] = sum_k x_q[k] w_q[k] for n <= 4 pairs of bf16 rows (x as bf16 bits, w as bf16 pairs in
+// K order) whose products are exact in fp32: each product widened to fp64 and added in
+// dot_pairs_f64's lanes (k % 16 < 8 and >= 8) and reduction, so the bits are dot_pairs_f64's on
+// the same values (an exact product added is what its FMA adds). K % 16 == 0.
+inline void handover_dots_bf16(const uint16_t* const* xs, const uint32_t* const* ws, int n, int64_t K, double* sums) {
+  __m512d a[4][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) a[i][0] = a[i][1] = _mm512_setzero_pd();
+  auto widen = [](const void* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))), 16));
+  };
+  for (int64_t k = 0; k < K; k += 16) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      if (i >= n) break;
+      const __m512 p = _mm512_mul_ps(widen(xs[i] + k), widen(ws[i] + k / 2));
+      a[i][0] = _mm512_add_pd(a[i][0], _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+      a[i][1] = _mm512_add_pd(a[i][1], _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1)));
+    }
+  }
+  const double tail = 0;  // dot_pairs_f64 adds its (here empty) tail: keeps -0 handling identical
+  for (int i = 0; i < n; ++i) sums[i] = _mm512_reduce_add_pd(_mm512_add_pd(a[i][0], a[i][1])) + tail;
+}
+
 // wo_a for many rows (prefill, batched decode), same certificate as fp8_dequant_certified below but
 // laid out as a GEMM: per 32-row group the E4M3 codes become bf16 pairs with the group's block
 // scale folded in (e4m3 x 2^e is exact in bf16), so each lane accumulates one output over all of K
@@ -1192,20 +1240,16 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
   const float* e8 = detail::e8m0_table();
   const int64_t K = w.in, N = w.out, nkb = K / 32, pairs = K / 2;
   // x as bf16, and per row: the magnitude sum of each 32-block, the smallest nonzero and the
-  // largest magnitude (non-finite rows take the fp64 path).
-  // Also x widened to fp64 for the hand-overs. Rows are independent, so the pass (m x K, four
-  // times per layer in prefill) is split over the pool.
+  // largest magnitude (non-finite rows take the fp64 path). Rows are independent, so the pass
+  // (m x K, four times per layer in prefill) is split over the pool.
   thread_local std::vector<uint16_t> xbf;
   thread_local std::vector<float> xabs, xlo, xhi;
-  thread_local std::vector<double> x64;
   if (int64_t(xbf.size()) < m * K) xbf.resize(size_t(m * K));
   if (int64_t(xabs.size()) < m * nkb) xabs.resize(size_t(m * nkb));
   if (int64_t(xlo.size()) < m) xlo.resize(size_t(m)), xhi.resize(size_t(m));
-  if (int64_t(x64.size()) < m * K) x64.resize(size_t(m * K));
   // The caller's thread-local arrays, by pointer: inside the workers the names are their own.
   uint16_t* const xbf_all = xbf.data();
   float *const abs_blocks = xabs.data(), *const row_lo = xlo.data(), *const row_hi = xhi.data();
-  double* const xd = x64.data();
   run(pool, m, 1, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       float lo = INFINITY, hi = 0.f;
@@ -1227,16 +1271,16 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
       for (int64_t kb = 0; kb < nkb; ++kb) total += abs_blocks[r * nkb + kb];
       row_lo[r] = lo;
       row_hi[r] = std::isfinite(total) && std::isfinite(hi) ? hi : INFINITY;
-      widen_x(x + r * K, K, xd + r * K);
     }
   });
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     int64_t settled = 0, handed = 0;
-    thread_local std::vector<uint32_t> panel;  // [pairs][32]
-    thread_local std::vector<double> wd;       // [32][K] e4m3 x scale in fp64 (fallback)
-    thread_local std::vector<std::pair<int64_t, int>> handed_list;  // (row, column in group) to recompute
-    if (int64_t(panel.size()) < pairs * kPanel) panel.resize(size_t(pairs * kPanel));
-    if (int64_t(wd.size()) < 32 * K) wd.resize(size_t(32 * K));
+    thread_local std::vector<uint32_t> panel, columns;  // [pairs][32] and the same as [32][pairs]
+    thread_local std::vector<double> xrow, wrow;        // one row of each in fp64 (out-of-range hand-overs)
+    // (row, column in group, products exact in fp32) to recompute
+    thread_local std::vector<std::tuple<int64_t, int, bool>> handed_list;
+    if (int64_t(panel.size()) < pairs * kPanel) panel.resize(size_t(pairs * kPanel)), columns.resize(size_t(pairs * kPanel));
+    if (int64_t(xrow.size()) < K) xrow.resize(size_t(K)), wrow.resize(size_t(K));
     alignas(64) float acc[kCertTile * kPanel], track[kCertTile * kPanel];
     for (int64_t grp = g0; grp < g1; ++grp) {
       const uint8_t* srow = w.scale + grp * nkb;
@@ -1278,29 +1322,60 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
           double abs_sum = 0;  // sum |x x scale| of this row and group
           if (fast)
             for (int64_t kb = 0; kb < nkb; ++kb) abs_sum += double(abs_blocks[row * nkb + kb]) * e8[srow[kb]];
-          for (int64_t i = 0; i < nvalid; ++i) {
-            const double sum = acc[r * kPanel + i];
-            if (fast && certify_bf16(sum, track[r * kPanel + i], abs_sum, std::fabs(sum), &y[row * N + n0 + i])) ++settled;
-            else handed_list.push_back({row, int(i)});
+          for (int h = 0; h < 2; ++h) {
+            const int cols = int(std::clamp<int64_t>(nvalid - h * 16, 0, 16));
+            const __mmask16 valid = __mmask16(cols >= 16 ? 0xffff : (1u << cols) - 1);
+            const __mmask16 ok = fast ? certify_bf16_x16(_mm512_load_ps(acc + r * kPanel + h * 16), _mm512_load_ps(track + r * kPanel + h * 16),
+                                                         abs_sum, valid, y + row * N + n0 + h * 16)
+                                      : __mmask16(0);
+            settled += __builtin_popcount(ok);
+            for (unsigned rest = valid & ~unsigned(ok); rest; rest &= rest - 1) handed_list.push_back({row, h * 16 + __builtin_ctz(rest), fast});
           }
         }
       }
-      // The group's hand-overs, four (row, column) pairs at a time: independent fp64 chains
-      // (one at a time was latency-bound), each pair in dot4_f64's products and order.
+      // The group's hand-overs. Where the products are exact in fp32 (the row and group in range),
+      // from the bf16 x row and the group's bf16 weight column (scale folded), each product widened
+      // and added in dot_pairs_f64's lanes and order: the same bits as its fp64 FMAs, from a
+      // quarter of the bytes (its fp64 rows are 4x larger and missed the cache). Four at a time.
       handed += int64_t(handed_list.size());
-      if (!handed_list.empty())
-        for (int64_t nr = 0; nr < nvalid; ++nr) dequant_row_f64(w.w + (n0 + nr) * K, K, srow, e8, wd.data() + nr * K);
-      for (size_t c0 = 0; c0 < handed_list.size(); c0 += kRows64) {
-        const int n = int(std::min<size_t>(kRows64, handed_list.size() - c0));
-        const double *xs[kRows64], *ws[kRows64];
-        for (int q = 0; q < n; ++q) {
-          xs[q] = xd + handed_list[c0 + q].first * K;
-          ws[q] = wd.data() + int64_t(handed_list[c0 + q].second) * K;
+      if (!handed_list.empty() && scales_ok)
+        for (int h = 0; h < 2; ++h)  // panel [pair][column] -> columns [column][pair]
+          for (int64_t j0 = 0; j0 < pairs; j0 += 16) {
+            __m512i t[16];
+#pragma GCC unroll 16
+            for (int q = 0; q < 16; ++q) t[q] = _mm512_loadu_si512(panel.data() + (j0 + q) * kPanel + h * 16);
+            transpose16(t);
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; ++c) _mm512_storeu_si512(columns.data() + (h * 16 + c) * pairs + j0, t[c]);
+          }
+      const uint16_t* xs[4];
+      const uint32_t* ws[4];
+      float* outs[4];
+      int n = 0;
+      auto flush = [&] {
+        double sums[4];
+        handover_dots_bf16(xs, ws, n, K, sums);
+        for (int q = 0; q < n; ++q) *outs[q] = round_bf16(float(sums[q]));
+        n = 0;
+      };
+      for (const auto& [row, col, exact_fp32] : handed_list) {
+        float* out = y + row * N + n0 + col;
+        if (!exact_fp32) {  // rare: a row or group out of range, in fp64 from the originals
+          widen_x(x + row * K, K, xrow.data());
+          dequant_row_f64(w.w + (n0 + col) * K, K, srow, e8, wrow.data());
+          const double* xp = xrow.data();
+          const double* wp = wrow.data();
+          double sum;
+          dot_pairs_f64(&xp, &wp, 1, K, &sum);
+          *out = round_bf16(float(sum));
+          continue;
         }
-        double sums[kRows64];
-        dot_pairs_f64(xs, ws, n, K, sums);
-        for (int q = 0; q < n; ++q) y[handed_list[c0 + q].first * N + n0 + handed_list[c0 + q].second] = round_bf16(float(sums[q]));
+        xs[n] = xbf_all + row * K;
+        ws[n] = columns.data() + int64_t(col) * pairs;
+        outs[n] = out;
+        if (++n == 4) flush();
       }
+      if (n > 0) flush();
       handed_list.clear();
     }
     detail::certified_outputs.fetch_add(settled, std::memory_order_relaxed);
