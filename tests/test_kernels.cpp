@@ -529,7 +529,8 @@ TEST(Kernels, LinearFp8DequantCertified) {
       for (const Shape& s : {Shape{1, 64, 64}, Shape{2, 100, 128}, Shape{3, 33, 2048}, Shape{1, 512, 2048}, Shape{5, 40, 64},
                               Shape{9, 64, 128}, Shape{40, 33, 2048},
                               Shape{1, 39, 128}, Shape{1, 30, 64}, Shape{31, 35, 64},  // 4 + 2 + 1 row passes; m just below 32
-                              Shape{26, 200, 2048}, Shape{29, 70, 192}}) {  // the GEMM layout from m = 24: ragged row tiles and groups
+                              Shape{26, 200, 2048}, Shape{29, 70, 192},  // the GEMM layout from m = 12: ragged row tiles and groups
+                              Shape{11, 40, 256}, Shape{12, 40, 256}}) {  // the two sides of the switch
         auto w = make_fp8(g, s.n, s.k, extreme);
         auto x = make_activations(g, s.m * s.k, extreme);
         for (auto& v : x) v = round_bf16(v);
