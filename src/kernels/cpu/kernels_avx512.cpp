@@ -12,8 +12,8 @@
 // bf16 / fp32 / FP8-dequant linears: exact products summed in fp64 (2 x 8 lanes per 16 K, then the
 // tail), rounded once to fp32. The logits head: fp32 vdpbf16ps sums (see linear_bf16_logits).
 // Attention: fp64 dots (exact for its operands, so in any order), the reference's recurrence, fp64
-// P.V per channel in row order. Index scores: exact
-// integer block sums (VNNI) combined in fp64, or fp64 dots where the data is not FP4-like.
+// P.V per channel in row order. Index scores: exact integer block sums (VNNI) combined in fp64, or
+// fp64 dots where the data is not FP4-like.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -406,8 +406,8 @@ inline __m512 round_bf16_ps(__m512 v) {
 // glibc's expf (sysdeps/ieee754/flt-32/e_expf.c, as built for x86-64 with FMA: the variant its
 // libm runs on every CPU with AVX-512) in 8 fp64 lanes: the same table, constants and operations,
 // with the FMAs where that build contracts them, so the bits are std::exp's (checked against it on
-// every float <= 0, and sampled over all floats in tests). Arguments it hands to its special cases
-// (|x| >= 88 or so, NaN, inf) are left to std::exp.
+// all 2^32 floats once; tests sample them). Arguments it hands to its special cases (|x| >= 88 or
+// so, NaN, inf) are left to std::exp.
 constexpr uint64_t kExp2fTable[32] = {
     0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
     0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
