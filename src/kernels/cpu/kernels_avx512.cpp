@@ -1209,18 +1209,20 @@ inline void certified_tile(const uint16_t* xb, int64_t ldx, const uint32_t* pane
 // K order) whose products are exact in fp32: each product widened to fp64 and added in
 // dot_pairs_f64's lanes (k % 16 < 8 and >= 8) and reduction, so the bits are dot_pairs_f64's on
 // the same values (an exact product added is what its FMA adds). K % 16 == 0.
+// 16 bf16 values (bits) -> fp32.
+inline __m512 bf16x16_ps(const void* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))), 16));
+}
+
 inline void handover_dots_bf16(const uint16_t* const* xs, const uint32_t* const* ws, int n, int64_t K, double* sums) {
   __m512d a[4][2];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) a[i][0] = a[i][1] = _mm512_setzero_pd();
-  auto widen = [](const void* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))), 16));
-  };
   for (int64_t k = 0; k < K; k += 16) {
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       if (i >= n) break;
-      const __m512 p = _mm512_mul_ps(widen(xs[i] + k), widen(ws[i] + k / 2));
+      const __m512 p = _mm512_mul_ps(bf16x16_ps(xs[i] + k), bf16x16_ps(ws[i] + k / 2));
       a[i][0] = _mm512_add_pd(a[i][0], _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
       a[i][1] = _mm512_add_pd(a[i][1], _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1)));
     }
