@@ -469,6 +469,76 @@ TEST(Kernels, LinearBf16Logits) {
               (long long)rounded, (long long)total);
 }
 
+// Decode-shaped kernels read each thread's chunk as several interleaved weight streams (head
+// rows, FP8/FP4 panels): the same outputs in the same places as one stream, for chunk sizes that
+// do and do not divide into the streams, 1-3 rows and 1-3 threads; and the reference's values.
+TEST(Kernels, InterleavedWeightStreams) {
+  IsaGuard guard;
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  std::mt19937 g(77);
+  struct Flag {
+    ~Flag() { kern::detail::interleaved_weight_streams = true; }
+  } restore;
+  auto both = [&](auto&& call, size_t n, const std::string& what) {
+    std::vector<float> on(n, -1.f), off(n, -2.f);
+    kern::detail::interleaved_weight_streams = true;
+    call(on.data());
+    kern::detail::interleaved_weight_streams = false;
+    call(off.data());
+    kern::detail::interleaved_weight_streams = true;
+    EXPECT_EQ(0, std::memcmp(on.data(), off.data(), n * 4)) << what;
+    return on;
+  };
+  for (kern::Isa isa : isas()) {
+    kern::set_isa(isa);
+    for (const int64_t N : {int64_t(32 * 9 + 7), int64_t(32 * 37), int64_t(32 * 70 + 1)})
+      for (const int64_t K : {int64_t(64), int64_t(256)}) {
+        auto f8 = make_fp8(g, N, K, false);
+        auto f4 = make_fp4(g, N, K, false);
+        std::vector<uint8_t> buf8(kern::packed_bytes(f8.view) + 64), buf4(kern::packed_bytes(f4.view) + 64);
+        auto align = [](std::vector<uint8_t>& b) { return b.data() + (64 - reinterpret_cast<uintptr_t>(b.data()) % 64) % 64; };
+        if (!buf8.empty() && kern::packed_bytes(f8.view)) kern::pack_weight(f8.view, align(buf8), &pool2);
+        if (!buf4.empty() && kern::packed_bytes(f4.view)) kern::pack_weight(f4.view, align(buf4), &pool2);
+        for (int64_t m = 1; m <= 3; ++m) {
+          const auto x = make_activations(g, m * K, false);
+          std::vector<float> want8(size_t(m * N)), want4(size_t(m * N));
+          ref::linear_fp8(x.data(), m, f8.view, want8.data());
+          ref::linear_fp4(x.data(), m, f4.view, want4.data());
+          for (int t = 0; t < 3; ++t) {
+            const std::string what = std::string(kern::isa_name(isa)) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                     " m=" + std::to_string(m) + " threads " + std::to_string(t + 1);
+            const auto got8 = both([&](float* y) { kern::linear_fp8(x.data(), m, f8.view, y, pools[t]); }, want8.size(), "fp8 " + what);
+            const auto got4 = both([&](float* y) { kern::linear_fp4(x.data(), m, f4.view, y, pools[t]); }, want4.size(), "fp4 " + what);
+            // FP4 blocks never round in fp32 (see run_quant_linear): exactly the reference. FP8 may
+            // differ by a near tie, which run_quant_linear bounds; here only that all were written.
+            EXPECT_EQ(0, std::memcmp(got4.data(), want4.data(), want4.size() * 4)) << "fp4 " << what;
+            for (size_t i = 0; i < got8.size(); ++i) ASSERT_LE(std::fabs(got8[i] - want8[i]), std::fabs(want8[i]) * 0x1p-7f) << "fp8 " << what;
+          }
+        }
+      }
+    for (const int64_t N : {int64_t(4 * 53 + 3), int64_t(4 * 64), int64_t(1000)})
+      for (const int64_t K : {int64_t(40), int64_t(256)}) {
+        std::vector<uint16_t> w(size_t(N * K));
+        for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>()(g));
+        const ref::Bf16Weight view{w.data(), N, K};
+        for (const int64_t m : {int64_t(1), int64_t(2), int64_t(7)}) {
+          const auto x = random_floats(g, m * K, true);
+          for (int t = 0; t < 3; ++t) {
+            const auto got = both([&](float* y) { kern::linear_bf16_logits(x.data(), m, view, y, pools[t]); }, size_t(m * N),
+                                  std::string("head ") + kern::isa_name(isa) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                      " m=" + std::to_string(m) + " threads " + std::to_string(t + 1));
+            std::vector<float> row(static_cast<size_t>(N));
+            for (int64_t r = 0; r < m; ++r) {  // every output written, and the row's bits alone
+              kern::linear_bf16_logits(x.data() + r * K, 1, view, row.data(), nullptr);
+              ASSERT_EQ(0, std::memcmp(row.data(), got.data() + r * N, row.size() * 4)) << "head row " << r;
+            }
+          }
+        }
+      }
+  }
+}
+
 TEST(Kernels, LinearF32) {
   std::mt19937 g(12);
   Mismatch mm;

@@ -18,6 +18,7 @@ bool unrounded_quant_output = false;
 bool exact_fp8_dequant_only = false;
 std::atomic<int64_t> certified_outputs{0}, certified_fallbacks{0};
 bool index_scores_fp64_only = false;
+bool interleaved_weight_streams = true;
 std::atomic<int64_t> index_fixed_keys{0}, index_fp64_keys{0};
 
 const float* e8m0_table() {

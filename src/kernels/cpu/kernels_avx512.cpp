@@ -544,13 +544,14 @@ constexpr int64_t kPrefetchBytes = 2048;
 // per-column order as micro.
 // cvt(q_base, pair, w0, w1) converts pair `pair` (= kb * 16 + j) of the panel at q_base;
 // scale(panel, kb, s0, s1) gives the panel's 32 fp32 weight scales of block kb.
+// The P panels are first, first + stride, ...: a stride > 1 reads P separate memory streams.
 template <int M, int P, class Cvt, class Scale>
 void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64_t first, const uint8_t* packed,
-               int64_t panel_bytes, int64_t pair_bytes, Cvt& cvt, Scale& scale, float* y) {
+               int64_t panel_bytes, int64_t pair_bytes, Cvt& cvt, Scale& scale, float* y, int64_t stride = 1) {
   const int64_t K = nkb * 32;
   const uint8_t* base[P];
 #pragma GCC unroll 16
-  for (int q = 0; q < P; ++q) base[q] = packed + (first + q) * panel_bytes;
+  for (int q = 0; q < P; ++q) base[q] = packed + (first + q * stride) * panel_bytes;
   __m512 t[M][P][2];
   zero_tile(t);
   for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -574,22 +575,28 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
     }
     __m512 s[P][2];
 #pragma GCC unroll 16
-    for (int q = 0; q < P; ++q) scale(first + q, kb, s[q][0], s[q][1]);
+    for (int q = 0; q < P; ++q) scale(first + q * stride, kb, s[q][0], s[q][1]);
     add_block_totals(t, acc, sa + kb, nkb, s);
   }
 #pragma GCC unroll 16
   for (int q = 0; q < P; ++q) {
-    const int64_t n0 = (first + q) * kPanel;
+    const int64_t n0 = (first + q * stride) * kPanel;
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r) store_panel(y + r * N + n0, int(std::min<int64_t>(kPanel, N - n0)), t[r][q][0], t[r][q][1]);
   }
 }
 
-// Panels of P at a time, the chunk's remainder as one group of fewer (no repeated panels).
+// Panels of P at a time, the chunk's remainder as one group of fewer (no repeated panels). The P
+// panels of a pass come from the P equal parts of the chunk: P memory streams per thread, not one
+// (a core keeps more reads in flight over several streams; docs/performance.md). Each panel's
+// arithmetic is unchanged.
 template <int M, int P, class Cvt, class Scale>
 void q1_chunk(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64_t p0, int64_t p1, const uint8_t* packed,
               int64_t panel_bytes, int64_t pair_bytes, Cvt& cvt, Scale& scale, float* y) {
-  int64_t first = p0;
+  const int64_t part = detail::interleaved_weight_streams ? (p1 - p0) / P : 0;
+  for (int64_t j = 0; j < part; ++j)
+    q1_panels<M, P>(xq, sa, nkb, N, p0 + j, packed, panel_bytes, pair_bytes, cvt, scale, y, part);
+  int64_t first = p0 + P * part;
   for (; first + P <= p1; first += P) q1_panels<M, P>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y);
   switch (p1 - first) {
     case 3: if constexpr (P > 3) q1_panels<M, 3>(xq, sa, nkb, N, first, packed, panel_bytes, pair_bytes, cvt, scale, y); break;
@@ -872,7 +879,7 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
 // fp32 accumulation per (row, weight row); out[r][i].
 template <int R, int M, bool kPrefetch>
 inline void logits_tile(const uint16_t* xr, int64_t ldx, const uint16_t* const* wr, int64_t K, int64_t nc, __mmask32 tail,
-                        __m512 (&out)[6][R]) {
+                        int64_t next, __m512 (&out)[6][R]) {
   __m512 acc[M][R];
 #pragma GCC unroll 8
   for (int r = 0; r < M; ++r)
@@ -883,7 +890,7 @@ inline void logits_tile(const uint16_t* xr, int64_t ldx, const uint16_t* const* 
     __m512bh wv[R];
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
-      if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + R * K + c * 32), _MM_HINT_T0);  // the next tile
+      if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + next + c * 32), _MM_HINT_T0);  // the next tile
       wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[i] + c * 32);
     }
 #pragma GCC unroll 8
@@ -899,16 +906,17 @@ inline void logits_tile(const uint16_t* xr, int64_t ldx, const uint16_t* const* 
     for (int i = 0; i < R; ++i) out[r][i] = acc[r][i];
 }
 
+// next: elements from each weight row to the row the next tile reads in its place (prefetched).
 template <int R, bool kPrefetch>
 inline void logits_rows(int M, const uint16_t* xr, int64_t ldx, const uint16_t* const* wr, int64_t K, int64_t nc,
-                        __mmask32 tail, __m512 (&out)[6][R]) {
+                        __mmask32 tail, int64_t next, __m512 (&out)[6][R]) {
   switch (M) {
-    case 1: return logits_tile<R, 1, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
-    case 2: return logits_tile<R, 2, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
-    case 3: return logits_tile<R, 3, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
-    case 4: return logits_tile<R, 4, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
-    case 5: return logits_tile<R, 5, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
-    default: return logits_tile<R, 6, kPrefetch>(xr, ldx, wr, K, nc, tail, out);
+    case 1: return logits_tile<R, 1, kPrefetch>(xr, ldx, wr, K, nc, tail, next, out);
+    case 2: return logits_tile<R, 2, kPrefetch>(xr, ldx, wr, K, nc, tail, next, out);
+    case 3: return logits_tile<R, 3, kPrefetch>(xr, ldx, wr, K, nc, tail, next, out);
+    case 4: return logits_tile<R, 4, kPrefetch>(xr, ldx, wr, K, nc, tail, next, out);
+    case 5: return logits_tile<R, 5, kPrefetch>(xr, ldx, wr, K, nc, tail, next, out);
+    default: return logits_tile<R, 6, kPrefetch>(xr, ldx, wr, K, nc, tail, next, out);
   }
 }
 
@@ -935,12 +943,17 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
   constexpr int R = 4;  // weight rows per pass: independent accumulators hide the dpbf16 latency
   const __mmask32 tail = K % 32 ? __mmask32((1u << (K % 32)) - 1) : ~__mmask32(0);
   run(pool, (N + R - 1) / R, 16, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * R;
-      const int rows = int(std::min<int64_t>(R, N - n0));
+    // A tile's R rows come from the R equal parts of the chunk (R memory streams per thread: on two
+    // threads of the Zen 5, 44 -> 56 GB/s); the chunk's last R * part .. rows go in plain tiles.
+    const int64_t c0 = t0 * R, c1 = std::min(N, t1 * R), part = detail::interleaved_weight_streams ? (c1 - c0) / R : 0;
+    for (int64_t t = 0; t < part + (c1 - c0 - R * part + R - 1) / R; ++t) {
+      const bool streams = t < part;
+      const int64_t n0 = streams ? c0 + t : c0 + R * part + (t - part) * R, step = streams ? part : 1;
+      const int rows = streams ? R : int(std::min<int64_t>(R, c1 - n0));
       const uint16_t* wr[R];
+      int64_t n[R];
 #pragma GCC unroll 16
-      for (int i = 0; i < R; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
+      for (int i = 0; i < R; ++i) n[i] = n0 + std::min(i, rows - 1) * step, wr[i] = w.w + n[i] * K;  // short tile: repeat the last row
       // Blocks of up to 6 x rows share each weight load; the first block prefetches the next tile
       // (a compile-time flag: with a branch inside the loop GCC kept the accumulators on the stack).
       for (int64_t r0 = 0; r0 < m; r0 += 6) {
@@ -948,10 +961,10 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
         const uint16_t* xr = xb + r0 * nc * 32;
         const int64_t ldx = nc * 32;
         __m512 acc[6][R];
-        if (r0 == 0) logits_rows<R, true>(M, xr, ldx, wr, K, nc, tail, acc);
-        else logits_rows<R, false>(M, xr, ldx, wr, K, nc, tail, acc);
+        if (r0 == 0) logits_rows<R, true>(M, xr, ldx, wr, K, nc, tail, streams ? K : R * K, acc);
+        else logits_rows<R, false>(M, xr, ldx, wr, K, nc, tail, 0, acc);
         for (int r = 0; r < M; ++r)
-          for (int i = 0; i < rows; ++i) y[(r0 + r) * N + n0 + i] = _mm512_reduce_add_ps(acc[r][i]);
+          for (int i = 0; i < rows; ++i) y[(r0 + r) * N + n[i]] = _mm512_reduce_add_ps(acc[r][i]);
       }
     }
   });

@@ -38,6 +38,11 @@ extern std::atomic<int64_t> certified_outputs, certified_fallbacks;
 extern bool index_scores_fp64_only;
 extern std::atomic<int64_t> index_fixed_keys, index_fp64_keys;
 
+// Decode-shaped weight streaming (AVX-512 head and FP8/FP4 at m = 1): each thread reads its
+// chunk as several interleaved memory streams. Tests and A/B benchmarks clear it to get one
+// stream per thread (the same bits, by construction).
+extern bool interleaved_weight_streams;
+
 }  // namespace di::kern::detail
 
 #define DI_KERN_DECLARE_ISA(ns)                                                                                   \
