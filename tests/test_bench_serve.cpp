@@ -29,6 +29,8 @@ class FakeServer {
  public:
   int first_ms = 100, gap_ms = 20, chunks = 5;
   bool send_usage = true, fail = false;
+  bool engine_metrics = false;  // GET /metrics with deepinfer's decode counters: per finished
+                                // request 10 decode steps of 2 rows, 5 ms each; else 404
 
   FakeServer() {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -108,6 +110,17 @@ class FakeServer {
       req.append(buf, size_t(n));
     }
     const std::string target = req.substr(req.find(' ') + 1, req.find(' ', req.find(' ') + 1) - req.find(' ') - 1);
+    if (target == "/metrics") {
+      const int done = finished_;
+      const std::string body = "# HELP deepinfer_engine_decode_steps_total x\n# TYPE deepinfer_engine_decode_steps_total counter\n"
+                               "deepinfer_engine_decode_steps_total " + std::to_string(10 * done) + "\n" +
+                               "deepinfer_engine_decode_rows_total " + std::to_string(20 * done) + "\n" +
+                               "deepinfer_engine_decode_seconds_total " + std::to_string(0.05 * done) + "\n";
+      send_all(c, std::string(engine_metrics ? "HTTP/1.1 200 OK" : "HTTP/1.1 404 Not Found") +
+                      "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(engine_metrics ? body.size() : 0) +
+                      "\r\nConnection: close\r\n\r\n" + (engine_metrics ? body : ""));
+      return (void)::close(c);
+    }
     if (target == "/v1/models") {
       const std::string body = R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})";
       send_all(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
@@ -141,6 +154,7 @@ class FakeServer {
       }
       --in_flight_;
       if (send_usage) send_chunk(c, "data: " + json{{"choices", json::array()}, {"usage", {{"prompt_tokens", 7}, {"completion_tokens", chunks}}}}.dump() + "\n\n");
+      ++finished_;  // before the client can see the end of the stream
       send_chunk(c, "data: [DONE]\n\n");
       send_all(c, "0\r\n\r\n");
     }
@@ -154,7 +168,7 @@ class FakeServer {
   std::vector<std::thread> workers_;
   std::vector<json> bodies_;
   std::vector<std::string> targets_;
-  std::atomic<int> in_flight_{0}, max_in_flight_{0};
+  std::atomic<int> in_flight_{0}, max_in_flight_{0}, finished_{0};
 };
 
 ServeOptions quick(const FakeServer& s, int n) {
@@ -405,4 +419,54 @@ TEST(BenchServe, JsonlDataset) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("bench_serve_prompts.jsonl:2"), std::string::npos) << e.what();
   }
+}
+
+// deepinfer's /metrics decode counters, read before and after the run: the server's own decode
+// step time and batch size over exactly the run; absent (null) for servers without them.
+TEST(BenchServe, EngineDecodeStepsFromMetrics) {
+  FakeServer srv;
+  srv.first_ms = 10;
+  srv.gap_ms = 5;
+  srv.engine_metrics = true;
+  ServeOptions o = quick(srv, 6);
+  const ServeResult r = run_serve_bench(o);
+  ASSERT_EQ(r.metrics.completed, 6);
+  ASSERT_TRUE(r.engine.available);
+  EXPECT_EQ(r.engine.steps, 60);
+  EXPECT_EQ(r.engine.rows, 120);
+  EXPECT_NEAR(r.engine.mean_step_ms(), 5.0, 1e-9);
+  EXPECT_EQ(r.json["engine_decode_steps"], 60);
+  EXPECT_DOUBLE_EQ(r.json["engine_mean_decode_batch"].get<double>(), 2.0);
+  EXPECT_NEAR(r.json["engine_mean_decode_step_ms"].get<double>(), 5.0, 1e-9);
+  EXPECT_NE(r.text.find("Mean decode step (ms):"), std::string::npos);
+
+  FakeServer plain;  // /metrics answers 404
+  plain.first_ms = 10;
+  plain.gap_ms = 5;
+  const ServeResult p = run_serve_bench(quick(plain, 2));
+  EXPECT_EQ(p.metrics.completed, 2);
+  EXPECT_FALSE(p.engine.available);
+  EXPECT_TRUE(p.json["engine_decode_steps"].is_null());
+  EXPECT_TRUE(p.json["engine_mean_decode_step_ms"].is_null());
+  EXPECT_EQ(p.text.find("Mean decode step"), std::string::npos);
+}
+
+TEST(BenchServe, ParseEngineDecodeCounters) {
+  EngineDecodeStats s;
+  EXPECT_TRUE(parse_engine_decode_counters("# HELP deepinfer_engine_decode_steps_total 9\n"
+                                           "deepinfer_engine_decode_steps_total 12\n"
+                                           "deepinfer_engine_decode_steps_total_other 99\n"
+                                           "deepinfer_engine_decode_rows_total 96\n"
+                                           "deepinfer_engine_decode_seconds_total 0.6000000000000001\n",
+                                           s));
+  EXPECT_EQ(s.steps, 12);
+  EXPECT_EQ(s.rows, 96);
+  EXPECT_DOUBLE_EQ(s.mean_batch(), 8.0);
+  EXPECT_NEAR(s.mean_step_ms(), 50.0, 1e-9);
+  EngineDecodeStats t;
+  EXPECT_FALSE(parse_engine_decode_counters("deepinfer_engine_decode_steps_total 12\ndeepinfer_engine_decode_rows_total 96\n", t));
+  EXPECT_FALSE(t.available);
+  EXPECT_FALSE(parse_engine_decode_counters("deepinfer_engine_decode_steps_total x\ndeepinfer_engine_decode_rows_total 1\n"
+                                            "deepinfer_engine_decode_seconds_total 1\n", t));
+  EXPECT_FALSE(parse_engine_decode_counters("", t));
 }

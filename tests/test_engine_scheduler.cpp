@@ -402,3 +402,25 @@ TEST(EngineScheduler, FixedStatePoolBoundsConcurrencyAndIsReturned) {
   expect_no_leak(s);
 }
 }  // namespace
+
+// The decode-step counters behind /metrics' deepinfer_engine_decode_*: three prompts prefilled in
+// one step, then every later step decodes one token for each running choice.
+TEST(EngineScheduler, DecodeStepCounters) {
+  constexpr int kTokens = 10;
+  EngineOptions o = test::small_options();
+  Scheduler s(model(), o);
+  const auto c = test::corpus();
+  std::vector<std::shared_ptr<Recorder>> rec;
+  for (int i = 0; i < 3; ++i) {
+    rec.push_back(std::make_shared<Recorder>());
+    s.add(uint64_t(i + 1), test::greedy_request(test::slice(c, 10 * i, 12), kTokens), rec.back(), 1);
+  }
+  test::run_all(s);
+  const auto& k = s.counters();
+  // The prefill step samples each choice's first token; the other kTokens - 1 come from steps of 3 rows.
+  EXPECT_EQ(k.decode_steps, kTokens - 1);
+  EXPECT_EQ(k.decode_rows, 3 * (kTokens - 1));
+  EXPECT_EQ(k.steps, kTokens);
+  EXPECT_GT(k.decode_seconds, 0.0);
+  for (const auto& r : rec) EXPECT_EQ(r->tokens[0].size(), size_t(kTokens));
+}

@@ -554,6 +554,8 @@ TEST(ServerHttp, MetricsFormat) {
   EXPECT_TRUE(samples.count("deepinfer_cache_pages_used"));
   EXPECT_TRUE(samples.count("deepinfer_cache_bytes_used"));
   EXPECT_TRUE(samples.count("deepinfer_prefix_cache_hit_rate"));
+  for (const char* n : {"deepinfer_engine_decode_steps_total", "deepinfer_engine_decode_rows_total", "deepinfer_engine_decode_seconds_total"})
+    EXPECT_TRUE(samples.count(n)) << n;  // read by `deepinfer bench serve`
   EXPECT_EQ(samples["deepinfer_model_ready"], 1);
   // Buckets are cumulative.
   std::vector<double> buckets;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <memory>
@@ -215,6 +216,58 @@ awaitable<std::string> first_model_id(const Shared& sh) {
     throw std::runtime_error("GET /v1/models gave no model id (HTTP " + std::to_string(res.result_int()) + "); pass --model");
   co_return j["data"][0]["id"].get<std::string>();
 }
+
+// GET /metrics; the decode counters if the server exposes them (any failure: not available).
+awaitable<EngineDecodeStats> engine_decode_counters(const Shared& sh) {
+  EngineDecodeStats s;
+  try {
+    beast::tcp_stream stream(co_await asio::this_coro::executor);
+    stream.expires_after(std::chrono::seconds(30));
+    co_await stream.async_connect(sh.endpoints, use_awaitable);
+    http::request<http::empty_body> req{http::verb::get, sh.url.prefix + "/metrics", 11};
+    req.set(http::field::host, sh.url.host + ":" + sh.url.port);
+    co_await http::async_write(stream, req, use_awaitable);
+    beast::flat_buffer buf;
+    http::response<http::string_body> res;
+    co_await http::async_read(stream, buf, res, use_awaitable);
+    if (res.result_int() == 200) parse_engine_decode_counters(res.body(), s);
+  } catch (const std::exception&) {
+    s = EngineDecodeStats{};
+  }
+  co_return s;
+}
+
+}  // namespace
+
+bool parse_engine_decode_counters(const std::string& text, EngineDecodeStats& out) {
+  const std::pair<const char*, int> names[] = {{"deepinfer_engine_decode_steps_total", 0},
+                                               {"deepinfer_engine_decode_rows_total", 1},
+                                               {"deepinfer_engine_decode_seconds_total", 2}};
+  double v[3];
+  bool seen[3] = {false, false, false};
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    for (const auto& [name, i] : names) {
+      const size_t n = std::strlen(name);
+      if (line.size() > n && line.compare(0, n, name) == 0 && line[n] == ' ') {
+        char* stop = nullptr;
+        const double x = std::strtod(line.c_str() + n + 1, &stop);
+        if (stop != line.c_str() + n + 1 && std::isfinite(x) && x >= 0) v[i] = x, seen[i] = true;
+      }
+    }
+  }
+  if (!(seen[0] && seen[1] && seen[2])) return false;
+  out.available = true;
+  out.steps = int64_t(v[0]);
+  out.rows = int64_t(v[1]);
+  out.seconds = v[2];
+  return true;
+}
+
+namespace {
 
 std::string request_body(const ServeOptions& o, const std::string& model, const ServeRequest& r, bool chat) {
   nlohmann::json b = {{"model", model}, {"temperature", o.temperature}, {"stream", true},
@@ -460,6 +513,7 @@ ServeResult run_serve_bench(const ServeOptions& o) {
   std::string model = o.model;
   double duration = 0;
   const bool bar = o.progress;
+  EngineDecodeStats engine_before;
 
   asio::io_context io;
   std::exception_ptr failure;
@@ -470,6 +524,7 @@ ServeResult run_serve_bench(const ServeOptions& o) {
         tcp::resolver resolver(ex);
         sh.endpoints = co_await resolver.async_resolve(sh.url.host, sh.url.port, use_awaitable);
         if (model.empty()) model = co_await first_model_id(sh);
+        engine_before = co_await engine_decode_counters(sh);
         Semaphore sem(ex, o.max_concurrency > 0 ? o.max_concurrency : int(reqs.size()));
         int remaining = int(reqs.size()), finished = 0;
         asio::steady_timer all_done(ex, Clock::time_point::max()), pace(ex);
@@ -497,6 +552,15 @@ ServeResult run_serve_bench(const ServeOptions& o) {
         boost::system::error_code ec;
         if (remaining > 0) co_await all_done.async_wait(asio::redirect_error(use_awaitable, ec));
         duration = seconds(sh.origin, Clock::now());
+        if (engine_before.available) {
+          const EngineDecodeStats after = co_await engine_decode_counters(sh);
+          if (after.available && after.steps >= engine_before.steps) {
+            res.engine.available = true;
+            res.engine.steps = after.steps - engine_before.steps;
+            res.engine.rows = after.rows - engine_before.rows;
+            res.engine.seconds = after.seconds - engine_before.seconds;
+          }
+        }
       },
       [&](std::exception_ptr e) { failure = e; });
   io.run();
@@ -534,6 +598,11 @@ ServeResult run_serve_bench(const ServeOptions& o) {
   for (const auto& out : res.outputs)
     if (!out.success && errors.size() < 10) errors.push_back(out.error);
   j["errors"] = errors;
+  // Not in vLLM's result: the server's own decode steps over the run (deepinfer's /metrics).
+  const EngineDecodeStats& es = res.engine;
+  j["engine_decode_steps"] = es.available ? nlohmann::json(es.steps) : nlohmann::json(nullptr);
+  j["engine_mean_decode_batch"] = es.available && es.steps > 0 ? nlohmann::json(es.mean_batch()) : nlohmann::json(nullptr);
+  j["engine_mean_decode_step_ms"] = es.available && es.steps > 0 ? nlohmann::json(es.mean_step_ms()) : nlohmann::json(nullptr);
 
   std::string& t = res.text;
   char buf[256];
@@ -576,6 +645,12 @@ ServeResult run_serve_bench(const ServeOptions& o) {
     line(("Median " + up + " (ms):").c_str(), num(m.latency_ms.at(std::string("median_") + key + "_ms")));
     for (double p : o.percentiles)
       line(("P" + p_word(p) + " " + up + " (ms):").c_str(), num(m.latency_ms.at("p" + p_word(p) + "_" + key + "_ms")));
+  }
+  if (res.engine.available && res.engine.steps > 0) {
+    head("Engine decode steps (server /metrics)", '-');
+    line("Decode steps:", std::to_string(res.engine.steps));
+    line("Mean sequences per decode step:", num(res.engine.mean_batch()));
+    line("Mean decode step (ms):", num(res.engine.mean_step_ms()));
   }
   t += std::string(50, '=') + "\n";
   if (m.failed > 0) t += "first error: " + errors[0].get<std::string>() + "\n";

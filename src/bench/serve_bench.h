@@ -72,6 +72,20 @@ struct ServeMetrics {
   std::map<std::string, double> latency_ms;
 };
 
+// The server's decode-step counters over the run, from its Prometheus /metrics before and after
+// (deepinfer's deepinfer_engine_decode_{steps,rows,seconds}_total): the engine's own step time at
+// the batch sizes the load produced. Absent for servers without them.
+struct EngineDecodeStats {
+  bool available = false;
+  int64_t steps = 0, rows = 0;
+  double seconds = 0;
+  double mean_batch() const { return steps > 0 ? double(rows) / double(steps) : 0; }
+  double mean_step_ms() const { return steps > 0 ? seconds / double(steps) * 1e3 : 0; }
+};
+
+// Reads the decode counters from a Prometheus text exposition; false when any is missing.
+bool parse_engine_decode_counters(const std::string& metrics_text, EngineDecodeStats& out);
+
 // vLLM's calculate_metrics over finished requests.
 ServeMetrics calculate_serve_metrics(const std::vector<RequestOutput>& outputs, double duration_s,
                                      const std::map<std::string, double>& goodput,
@@ -90,6 +104,7 @@ std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_
 
 struct ServeResult {
   ServeMetrics metrics;
+  EngineDecodeStats engine;
   std::vector<RequestOutput> outputs;
   nlohmann::json json;  // vLLM's result fields plus the run's settings
   std::string text;     // the human-readable report

@@ -200,6 +200,9 @@ class EngineImpl final : public Engine {
     stats_.prefix_lookup_tokens = c.prefix_lookup_tokens;
     stats_.preemptions = c.preemptions;
     stats_.steps = c.steps;
+    stats_.decode_steps = c.decode_steps;
+    stats_.decode_rows = c.decode_rows;
+    stats_.decode_seconds = c.decode_seconds;
     stats_.prefix_cache_bytes = sched_.prefix_cache().bytes();
     stats_.prefix_cache_entries = int64_t(sched_.prefix_cache().entries());
     stats_.prefix_cache_evictions = sched_.prefix_cache().evictions();

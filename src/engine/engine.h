@@ -114,6 +114,8 @@ struct EngineStats {
   size_t state_bytes_used = 0, state_bytes_budget = 0;
   int64_t prefix_lookups = 0, prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
   int64_t preemptions = 0, steps = 0;
+  int64_t decode_steps = 0, decode_rows = 0;  // steps where every sequence ran one token, their rows
+  double decode_seconds = 0;                  // and their forward passes' time
   size_t prefix_cache_bytes = 0;  // pages held by the prefix cache (part of cache_bytes_used)
   int64_t prefix_cache_entries = 0, prefix_cache_evictions = 0;
 };

@@ -288,6 +288,7 @@ bool Scheduler::step() {
 
 void Scheduler::run_batch() {
   for (size_t i = 0; i < items_.size(); ++i) items_[i].logits = &logits_[i];
+  const auto t0 = Clock::now();
   try {
     model_.forward_batch(items_, {}, ws_);
   } catch (const v41::CacheExhausted& e) {
@@ -303,8 +304,15 @@ void Scheduler::run_batch() {
     fail_batch(e.what());
     return;
   }
+  const double forward_s = std::chrono::duration<double>(Clock::now() - t0).count();
   ++counters_.steps;
-  for (const auto& it : items_) counters_.step_tokens += int64_t(it.tokens.size());
+  bool decode_only = true;
+  for (const auto& it : items_) counters_.step_tokens += int64_t(it.tokens.size()), decode_only &= it.tokens.size() == 1;
+  if (decode_only) {
+    ++counters_.decode_steps;
+    counters_.decode_rows += int64_t(items_.size());
+    counters_.decode_seconds += forward_s;
+  }
   for (size_t i = 0; i < item_seqs_.size(); ++i) {
     Seq* s = item_seqs_[i];
     s->scheduled = false;

@@ -33,6 +33,10 @@ struct SchedulerCounters {
   int64_t preemptions = 0, steps = 0;
   int64_t preempted_with_output = 0;  // preemptions of choices that had generated tokens already
   int64_t step_tokens = 0;  // tokens run by forward passes (prefill, recompute, decode)
+  // Steps where every sequence ran one token (pure decode): how many, their rows, and the time
+  // their forward passes took, so a client can read the engine's decode step time at a batch size.
+  int64_t decode_steps = 0, decode_rows = 0;
+  double decode_seconds = 0;
 };
 
 class Scheduler {

@@ -134,6 +134,9 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
            es->prefix_lookup_tokens > 0 ? double(es->prefix_hit_tokens) / double(es->prefix_lookup_tokens) : 0.0);
     sample(out, "deepinfer_preemptions_total", "counter", "Sequences preempted (recomputed) for lack of cache pages.", double(es->preemptions));
     sample(out, "deepinfer_engine_steps_total", "counter", "Engine steps run.", double(es->steps));
+    sample(out, "deepinfer_engine_decode_steps_total", "counter", "Engine steps where every sequence ran one token.", double(es->decode_steps));
+    sample(out, "deepinfer_engine_decode_rows_total", "counter", "Sequences run by those decode steps (their batch sizes summed).", double(es->decode_rows));
+    sample(out, "deepinfer_engine_decode_seconds_total", "counter", "Time in the forward passes of those decode steps.", es->decode_seconds);
   }
   return out;
 }
