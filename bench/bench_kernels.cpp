@@ -62,11 +62,15 @@ double measure_bandwidth(ThreadPool& pool) {
   return best;
 }
 
+// 16 independent chains, fully unrolled so that they stay in registers (a plain loop over the
+// array kept it on the stack: a load-op-store chain that measured 2.5x below oneDNN's bf16 peak).
 __attribute__((target("avx512f,avx512bf16"))) double bf16_peak_thread(int64_t iters) {
   __m512 acc[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(float(i));
   const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x3f803f80);
   for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
   float s = 0;
   for (int i = 0; i < 16; ++i) s += _mm512_reduce_add_ps(acc[i]);
@@ -75,9 +79,11 @@ __attribute__((target("avx512f,avx512bf16"))) double bf16_peak_thread(int64_t it
 
 __attribute__((target("avx512f,fma"))) double fp32_peak_thread(int64_t iters) {
   __m512 acc[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(float(i));
   const __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-9f);
   for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
   float s = 0;
   for (int i = 0; i < 16; ++i) s += _mm512_reduce_add_ps(acc[i]);
