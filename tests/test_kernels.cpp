@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <random>
 #include <vector>
@@ -584,6 +585,7 @@ TEST(Kernels, LinearFp8DequantCertified) {
     kern::linear_fp8_dequant(x, m, w, y, nullptr);
     kern::detail::exact_fp8_dequant_only = false;
   };
+  int64_t packed_settled = 0;  // outputs the repacked-layout kernel settled
   auto check = [&](const std::vector<float>& x, int64_t m, const ref::Fp8Weight& w, const std::string& what) {
     std::vector<float> want(size_t(m * w.out)), got(want.size(), -1.f), got3(want.size(), -3.f);
     exact(x.data(), m, w, want.data());
@@ -591,6 +593,30 @@ TEST(Kernels, LinearFp8DequantCertified) {
     kern::linear_fp8_dequant(x.data(), m, w, got3.data(), &pool3);
     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << what;
     ASSERT_EQ(0, std::memcmp(got3.data(), want.data(), got.size() * 4)) << what << " (3 threads)";
+    // The load-time repacked layout (as the model keeps wo_a on AVX-512): the same bits, also
+    // through a 32-row-aligned sub-view of the rows as the model takes each group.
+    if (const size_t bytes = kern::packed_bytes_dequant(w)) {
+      std::vector<uint8_t> buf(bytes + 64);
+      ref::Fp8Weight wp = w;
+      kern::pack_weight(wp, buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64);
+      const int64_t s0 = kern::detail::certified_outputs.load();
+      std::fill(got.begin(), got.end(), -1.f);
+      std::fill(got3.begin(), got3.end(), -3.f);
+      kern::linear_fp8_dequant(x.data(), m, wp, got.data(), nullptr);
+      kern::linear_fp8_dequant(x.data(), m, wp, got3.data(), &pool3);
+      packed_settled += kern::detail::certified_outputs.load() - s0;
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << what << " (repacked)";
+      ASSERT_EQ(0, std::memcmp(got3.data(), want.data(), got.size() * 4)) << what << " (repacked, 3 threads)";
+      if (w.out > 32) {
+        const int64_t rows = std::min<int64_t>(64, w.out - 32);
+        const ref::Fp8Weight sub = kern::fp8_rows(wp, 32, rows), sub_plain = kern::fp8_rows(w, 32, rows);
+        EXPECT_EQ(sub.packed != nullptr, true) << what;
+        std::vector<float> ws(size_t(m * rows)), gs(ws.size(), -1.f);
+        exact(x.data(), m, sub_plain, ws.data());
+        kern::linear_fp8_dequant(x.data(), m, sub, gs.data(), nullptr);
+        ASSERT_EQ(0, std::memcmp(gs.data(), ws.data(), gs.size() * 4)) << what << " (repacked rows 32..)";
+      }
+    }
   };
   const int64_t settled0 = kern::detail::certified_outputs.load(), handed0 = kern::detail::certified_fallbacks.load();
   for (kern::Isa isa : isas()) {
@@ -600,7 +626,9 @@ TEST(Kernels, LinearFp8DequantCertified) {
                               Shape{9, 64, 128}, Shape{40, 33, 2048},
                               Shape{1, 39, 128}, Shape{1, 30, 64}, Shape{31, 35, 64},  // 4 + 2 + 1 row passes; m just below 32
                               Shape{26, 200, 2048}, Shape{29, 70, 192},  // the GEMM layout from m = 12: ragged row tiles and groups
-                              Shape{11, 40, 256}, Shape{12, 40, 256}}) {  // the two sides of the switch
+                              Shape{11, 40, 256}, Shape{12, 40, 256},  // the two sides of the switch
+                              Shape{4, 96, 128}, Shape{6, 130, 256}, Shape{8, 512, 2048}, Shape{16, 70, 128},  // repacked: 4-row
+                              Shape{32, 40, 128}, Shape{7, 288, 64}}) {  // blocks, 2 x 2 and 1 x 4 panel passes; its switch
         auto w = make_fp8(g, s.n, s.k, extreme);
         auto x = make_activations(g, s.m * s.k, extreme);
         for (auto& v : x) v = round_bf16(v);
@@ -615,17 +643,31 @@ TEST(Kernels, LinearFp8DequantCertified) {
       for (auto& v : x) v = round_bf16(v);
       for (int k = 0; k < 128; ++k) x[5 * 128 + size_t(k)] = 0x1p-110f * float(k % 3 - 1);
       check(x, 30, w.view, std::string(kern::isa_name(isa)) + " GEMM layout, a row below the covered range");
+      check(x, 7, w.view, std::string(kern::isa_name(isa)) + " a row below the covered range, 7 rows");
+      x[2 * 128 + 3] = std::numeric_limits<float>::quiet_NaN();  // a NaN row: every output of it recomputed
+      check(x, 7, w.view, std::string(kern::isa_name(isa)) + " a NaN row, 7 rows");
     }
     // Weights all 1.0 (E4M3 0x38, scale 2^0), 64 inputs.
     std::vector<uint8_t> ones(64 * 32, 0x38), scale(2, 127);
     const ref::Fp8Weight w1{ones.data(), scale.data(), 32, 64};
-    std::vector<float> tie(64, 0.f), cancel(64, 1.f), tiny(64, 0x1p-110f);
+    std::vector<float> tie(64, 0.f), cancel(64, 1.f), tiny(64, 0x1p-110f), y(32);
     tie[0] = 1.f, tie[1] = 0x1p-8f;              // exactly between the bf16 values 1 and 1 + 2^-7
     cancel[0] = 0x1p30f, cancel[63] = -0x1p30f;  // fp32 loses the +1 added to 2^30: 60, exact 62
     check(tie, 1, w1, "tie");
     check(cancel, 1, w1, "cancellation");
     check(tiny, 1, w1, "below the covered range");
-    std::vector<float> y(32);
+    // Additions lost to a large partial sum: weights 256, x = 2^8, 2^16, -2^-5, 0, then sixteen
+    // 2^-8: the partial sum reaches 2^24 + 2^16 - 8 and each +1 after it rounds away (ties to
+    // even), so fp32 ends 16 below the exact 2^24 + 2^16 + 8, on the other side of a bf16
+    // midpoint. Only the partial sums' magnitudes in the bound send it to the exact path.
+    std::vector<uint8_t> w256(64 * 32, 0x78);
+    const ref::Fp8Weight wl{w256.data(), scale.data(), 32, 64};
+    std::vector<float> lost(64, 0.f);
+    lost[0] = 0x1p8f, lost[1] = 0x1p16f, lost[2] = -0x1p-5f;
+    for (int k = 4; k < 20; ++k) lost[size_t(k)] = 0x1p-8f;
+    check(lost, 1, wl, "lost additions");
+    kern::linear_fp8_dequant(lost.data(), 1, wl, y.data(), nullptr);
+    EXPECT_EQ(y[0], 0x1p24f + 0x1p17f);
     kern::linear_fp8_dequant(cancel.data(), 1, w1, y.data(), nullptr);
     EXPECT_EQ(y[0], 62.f);
     kern::linear_fp8_dequant(tie.data(), 1, w1, y.data(), nullptr);
@@ -637,6 +679,7 @@ TEST(Kernels, LinearFp8DequantCertified) {
               (long long)handed);
   if (kern::isa_supported(kern::Isa::Avx512)) {
     EXPECT_GT(settled, 0);
+    EXPECT_GT(packed_settled, 0);
     EXPECT_GE(handed, 3 * 32);  // at least every output of the three crafted cases
   }
 }

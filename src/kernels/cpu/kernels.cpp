@@ -196,6 +196,19 @@ size_t packed_bytes(const ref::Fp4Weight& w) {
   }
   return 0;
 }
+size_t packed_bytes_dequant(const ref::Fp8Weight& w) {
+  return current() == Isa::Avx512 ? avx512::packed_bytes_fp8(w) : 0;
+}
+ref::Fp8Weight fp8_rows(const ref::Fp8Weight& w, int64_t row0, int64_t rows) {
+  if (row0 % 32 != 0 || row0 < 0 || rows < 0 || row0 + rows > w.out) throw std::invalid_argument("fp8_rows: bad row range");
+  const int64_t nkb = (w.in + 31) / 32;
+  ref::Fp8Weight v{w.w + row0 * w.in, w.scale + row0 / 32 * nkb, rows, w.in};
+  if (w.packed && w.packed_layout == detail::kLayoutAvx512) {  // panels of 32 rows, each contiguous
+    v.packed = w.packed + avx512::packed_bytes_fp8(ref::Fp8Weight{nullptr, nullptr, row0, w.in});
+    v.packed_layout = w.packed_layout;
+  }
+  return v;
+}
 void pack_weight(ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
   if (!packed_bytes(w)) return;
   if (current() == Isa::Avx512) avx512::pack_weight_fp8(w, dst, pool ? pool : pool_slot());

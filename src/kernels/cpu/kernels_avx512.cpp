@@ -40,7 +40,11 @@ namespace {
 constexpr int kPanel = 32;        // output columns per panel: two zmm of 16 lanes
 constexpr int kChunkBlocks = 8;   // K blocks per packed chunk: 8 x 16 pairs x 32 columns x 4 B = 16 KB
 constexpr int kRowTile = 6;       // rows per microkernel call: 12 block accumulators + 12 totals
-constexpr int kCertifiedGemmRows = 12;  // wo_a rows from which the GEMM layout of the certified kernel runs (B16 decode: 99.4 -> 96.6 ms with it; B8 slower)
+// wo_a rows from which the GEMM layout of the certified kernel runs: on the checkpoint layout
+// (B16 decode: 99.4 -> 96.6 ms with it; B8 slower); on the repacked layout the panel kernel is
+// faster up to about 32 rows (one 512 x 2048 group, one thread: 346 vs 455 us at 12 rows, 630 vs
+// 706 at 24, even at 32).
+constexpr int kCertifiedGemmRows = 12, kCertifiedGemmRowsPacked = 32;
 constexpr int kCertTile = 4;           // its rows per tile: 8 block sums + 8 totals + 8 magnitude sums
 
 template <class F>
@@ -1021,6 +1025,18 @@ inline void dot_e4m3_f64(const double* xg, const uint8_t* w0, int64_t K, int row
       [&](int i, int64_t k) { return double(e4m3_to_f32(w0[i * K + k])) * (1.0 / 256); }, sums);
 }
 
+// dot_e4m3_f64 of n <= kRows64 weight rows anywhere (rows[i]): each row's sum exactly as there.
+inline void dot_e4m3_rows_f64(const double* xg, const uint8_t* const* rows, int n, int64_t K, double* sums) {
+  dot4_f64(
+      xg, K, n,
+      [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
+        const __m512 f = _mm512_cvtph_ps(e4m3x16_half(rows[i] + k));
+        lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+        hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+      },
+      [&](int i, int64_t k) { return double(e4m3_to_f32(rows[i][k])) * (1.0 / 256); }, sums);
+}
+
 // Several rows (prefill, batched decode): each 32-row weight group is dequantized once to fp64
 // (e4m3 x scale, the reference's exact fp32 weight) and reused by all rows, two rows and four
 // weight rows per pass. Per output the lanes, chunks and tail are summed exactly as in dot4_f64.
@@ -1398,6 +1414,167 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
   });
 }
 
+// M rows of x (bf16 bits, natural K order) against P repacked FP8 panels (first, first + stride,
+// ...: separate memory streams) of a certified wo_a: per 32-K block the unscaled E4M3 codes'
+// products summed by vdpbf16ps in fresh accumulators beside the sum of their magnitudes after
+// every step, then scaled by the block's scale (a power of two: exact) into totals in memory,
+// tot += acc x s and trk += mag x s + |tot|. trk bounds sum_i |A_i| over every rounded partial
+// result in the scale of the output, which is what the certificate needs (see below).
+template <int M, int P>
+inline void certified_panel_tile(const uint16_t* xb, int64_t K, const uint8_t* packed, int64_t first, int64_t stride,
+                                 const uint8_t* scale, const float* e8, const Fp8Lut& lut, float* tot, float* trk) {
+  const int64_t nkb = K / 32, panel_bytes = nkb * kFp8BlockBytes;
+  const uint8_t* base[P];
+#pragma GCC unroll 4
+  for (int q = 0; q < P; ++q) base[q] = packed + (first + q * stride) * panel_bytes;
+  std::fill(tot, tot + M * P * kPanel, 0.f);
+  std::fill(trk, trk + M * P * kPanel, 0.f);
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    __m512 acc[M][P][2], mag[M][P][2];
+    zero_tile(acc);
+    zero_tile(mag);
+    for (int j = 0; j < 16; ++j) {
+      __m512bh xv[M];
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r) xv[r] = bcast_pair(xb + r * K + kb * 32 + 2 * j);
+#pragma GCC unroll 4
+      for (int q = 0; q < P; ++q) {
+        __m512i w0, w1;
+        const uint8_t* chunk = base[q] + (kb * 16 + j) * kFp8PairBytes;
+        _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetchBytes), _MM_HINT_T0);
+        cvt_pair_fp8(chunk, lut, w0, w1);
+#pragma GCC unroll 4
+        for (int r = 0; r < M; ++r) {
+          acc[r][q][0] = _mm512_dpbf16_ps(acc[r][q][0], (__m512bh)w0, xv[r]);
+          acc[r][q][1] = _mm512_dpbf16_ps(acc[r][q][1], (__m512bh)w1, xv[r]);
+          mag[r][q][0] = _mm512_add_ps(mag[r][q][0], _mm512_abs_ps(acc[r][q][0]));
+          mag[r][q][1] = _mm512_add_ps(mag[r][q][1], _mm512_abs_ps(acc[r][q][1]));
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < P; ++q) {
+      const __m512 sc = _mm512_set1_ps(e8[scale[(first + q * stride) * nkb + kb]]);
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          float* t = tot + (r * P + q) * kPanel + h * 16;
+          float* k = trk + (r * P + q) * kPanel + h * 16;
+          const __m512 nt = _mm512_fmadd_ps(acc[r][q][h], sc, _mm512_loadu_ps(t));  // exact product, one rounding
+          _mm512_storeu_ps(t, nt);
+          _mm512_storeu_ps(k, _mm512_add_ps(_mm512_fmadd_ps(mag[r][q][h], sc, _mm512_loadu_ps(k)), _mm512_abs_ps(nt)));
+        }
+    }
+  }
+}
+
+// wo_a below kCertifiedGemmRowsPacked rows on its load-time repacked layout (the FP8 linears' panel
+// layout): each weight pair is converted in registers once per block of up to 4 rows, P panels
+// from separate parts of the thread's chunk at a time, outputs in lanes (no horizontal sums), the
+// certificate in 16 lanes. The bound is the GEMM layout's: |fp32 - exact| <= 2^-24 (2 trk + sum
+// |products|), sum |products| <= 448 sum_b |x block b|_1 x s_b. Products are exact in fp32 and the
+// block scalings exact when the row's nonzero |x| lie in [2^-60, 2^60] and the panel's scales in
+// [2^-40, 2^40]; other rows and panels, and outputs the bound does not settle, are recomputed by
+// the exact kernel's own code (dot_e4m3_f64 on the checkpoint rows: the same bits).
+void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  static const Fp8Lut lut;
+  const float* e8 = detail::e8m0_table();
+  const int64_t K = w.in, N = w.out, nkb = K / 32, npanels = n_panels(N);
+  thread_local std::vector<uint16_t> xbf_tl;
+  thread_local std::vector<float> xabs_tl;
+  thread_local std::vector<uint8_t> row_ok_tl;
+  if (int64_t(xbf_tl.size()) < m * K) xbf_tl.resize(size_t(m * K));
+  if (int64_t(xabs_tl.size()) < m * nkb) xabs_tl.resize(size_t(m * nkb));
+  if (int64_t(row_ok_tl.size()) < m) row_ok_tl.resize(size_t(m));
+  uint16_t* const xbf = xbf_tl.data();
+  float* const xabs = xabs_tl.data();
+  uint8_t* const row_ok = row_ok_tl.data();
+  for (int64_t r = 0; r < m; ++r) {
+    __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_setzero_ps();
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const float* v = x + r * K + kb * 32;
+      const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(v)), a1 = _mm512_abs_ps(_mm512_loadu_ps(v + 16));
+      xabs[r * nkb + kb] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+      hi = _mm512_max_ps(hi, _mm512_max_ps(a0, a1));
+      lo = _mm512_mask_min_ps(lo, _mm512_cmpneq_ps_mask(a0, _mm512_setzero_ps()), lo, a0);
+      lo = _mm512_mask_min_ps(lo, _mm512_cmpneq_ps_mask(a1, _mm512_setzero_ps()), lo, a1);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf + r * K + kb * 32),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v)), 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf + r * K + kb * 32 + 16),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v + 16)), 16)));
+    }
+    float total = 0.f;  // NaN or inf anywhere in the row makes it non-finite
+    for (int64_t kb = 0; kb < nkb; ++kb) total += xabs[r * nkb + kb];
+    const float l = _mm512_reduce_min_ps(lo), h = _mm512_reduce_max_ps(hi);
+    row_ok[r] = std::isfinite(total) && h <= 0x1p60f && (l == INFINITY || l >= 0x1p-60f);
+  }
+  run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
+    int64_t settled = 0, handed = 0;
+    alignas(64) float tot[4 * 4 * kPanel], trk[4 * 4 * kPanel];
+    thread_local std::vector<double> x64;  // one row x 256 x the group's scales, for recomputations
+    if (int64_t(x64.size()) < K) x64.resize(size_t(K));
+    // The outputs of panel p, rows r0 .. r0 + M, from tot/trk at (r * P + q): certified or recomputed.
+    auto finish = [&](int64_t p, int64_t r0, int M, int P, int q) {
+      const uint8_t* srow = w.scale + p * nkb;
+      float smin = INFINITY, smax = 0.f;
+      for (int64_t kb = 0; kb < nkb; ++kb) smin = std::min(smin, e8[srow[kb]]), smax = std::max(smax, e8[srow[kb]]);
+      const bool panel_ok = smin >= 0x1p-40f && smax <= 0x1p40f;
+      const int64_t n0 = p * kPanel;
+      const int nvalid = int(std::min<int64_t>(kPanel, N - n0));
+      for (int r = 0; r < M; ++r) {
+        const int64_t row = r0 + r;
+        unsigned rest = nvalid >= 32 ? ~0u : (1u << nvalid) - 1;
+        if (panel_ok && row_ok[row]) {
+          double abs_sum = 0;  // sum |x x scale| of this row and panel
+          for (int64_t kb = 0; kb < nkb; ++kb) abs_sum += double(xabs[row * nkb + kb]) * e8[srow[kb]];
+          for (int h = 0; h < 2; ++h) {
+            const unsigned valid = (rest >> (16 * h)) & 0xffff;
+            const float* t = tot + (r * P + q) * kPanel + h * 16;
+            const float* k = trk + (r * P + q) * kPanel + h * 16;
+            const __mmask16 ok = certify_bf16_x16(_mm512_load_ps(t), _mm512_load_ps(k), abs_sum, __mmask16(valid), y + row * N + n0 + h * 16);
+            settled += __builtin_popcount(ok);
+            rest &= ~(unsigned(ok) << (16 * h));
+          }
+        }
+        if (rest) scale_x_f64(x + row * K, K, srow, e8, x64.data());
+        while (rest) {  // four at a time: independent chains
+          const uint8_t* rows[kRows64];
+          int64_t cols[kRows64];
+          int n = 0;
+          for (; rest && n < kRows64; rest &= rest - 1, ++n) cols[n] = n0 + __builtin_ctz(rest), rows[n] = w.w + cols[n] * K;
+          double sums[kRows64];
+          dot_e4m3_rows_f64(x64.data(), rows, n, K, sums);
+          for (int i = 0; i < n; ++i) y[row * N + cols[i]] = round_bf16(float(sums[i]));
+          handed += n;
+        }
+      }
+    };
+    for (int64_t r0 = 0; r0 < m; r0 += 4) {
+      const int M = int(std::min<int64_t>(4, m - r0));
+      const uint16_t* xr = xbf + r0 * K;
+      // Panels of P = 4 / M at a time from the P parts of the chunk (P memory streams), the rest one by one.
+      const int P = M == 1 ? 4 : M == 2 ? 2 : 1;
+      const int64_t part = (p1 - p0) / P;
+      auto tile = [&](int64_t first, int64_t stride, int np) {
+        switch (M * 8 + np) {
+          case 1 * 8 + 4: certified_panel_tile<1, 4>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 1 * 8 + 1: certified_panel_tile<1, 1>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 2 * 8 + 2: certified_panel_tile<2, 2>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 2 * 8 + 1: certified_panel_tile<2, 1>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 3 * 8 + 1: certified_panel_tile<3, 1>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
+          default: certified_panel_tile<4, 1>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
+        }
+        for (int q = 0; q < np; ++q) finish(first + q * stride, r0, M, np, q);
+      };
+      for (int64_t j = 0; j < (P > 1 ? part : 0); ++j) tile(p0 + j, part, P);
+      for (int64_t p = p0 + (P > 1 ? P * part : 0); p < p1; ++p) tile(p, 1, 1);
+    }
+    detail::certified_outputs.fetch_add(settled, std::memory_order_relaxed);
+    detail::certified_fallbacks.fetch_add(handed, std::memory_order_relaxed);
+  });
+}
+
 // wo_a when x holds bf16 values: vdpbf16ps with a certified error bound, exact fallback.
 // Per 32-row scale group, x x scale is still bf16 (a power of two times a bf16 value; a block of
 // rows falls back when it would leave [2^-100, 2^100]), so every product is exact in fp32 and only the
@@ -1410,7 +1587,8 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
 // kernel's result; otherwise (a few % of outputs) the output is recomputed with the fp64 kernels'
 // products and order (dot4_f64, one output). So the bits are those of the exact kernel, at the
 // speed of an fp32 one.
-// From kCertifiedGemmRows rows the GEMM layout above (fp8_dequant_certified_gemm) runs instead.
+// From kCertifiedGemmRows rows (kCertifiedGemmRowsPacked on repacked weights, which below that take
+// fp8_dequant_certified_panels) the GEMM layout above (fp8_dequant_certified_gemm) runs instead.
 bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
@@ -1423,8 +1601,13 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
     if (low) bf16_valued.store(false, std::memory_order_relaxed);
   });
   if (!bf16_valued.load(std::memory_order_relaxed)) return false;
-  if (m >= kCertifiedGemmRows) {
+  const bool packed = w.packed && w.packed_layout == detail::kLayoutAvx512;
+  if (m >= (packed ? kCertifiedGemmRowsPacked : kCertifiedGemmRows)) {
     fp8_dequant_certified_gemm(x, m, w, y, pool);
+    return true;
+  }
+  if (packed) {
+    fp8_dequant_certified_panels(x, m, w, y, pool);
     return true;
   }
   // Exact fallback, same products and order as the fp64 kernels: the E4M3 codes against the row's

@@ -490,7 +490,6 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   float* z = sized(ws.y, size_t(N) * G * R);
   float* gxs = sized(ws.tmp, size_t(G) * N * gin);
   float* gzs = sized(ws.mix, size_t(G) * N * R);
-  const int64_t nkb = (A.wo_a.in + 31) / 32;
   // The copies run over the pool's rows when the groups run one after the other (many rows),
   // inline inside a group's task when the groups are concurrent tasks (decode).
   for_tasks(N, G, [&](int gi) {
@@ -500,7 +499,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
       for (int64_t s = s0; s < s1; ++s)
         std::copy(o + size_t(s) * H * D + size_t(gi) * gin, o + size_t(s) * H * D + size_t(gi + 1) * gin, gx + size_t(s) * gin);
     });
-    const ref::Fp8Weight wg{A.wo_a.w + int64_t(gi) * R * A.wo_a.in, A.wo_a.scale + int64_t(gi) * R / 32 * nkb, R, A.wo_a.in};
+    const ref::Fp8Weight wg = kern::fp8_rows(A.wo_a, int64_t(gi) * R, R);
     kern::linear_fp8_dequant(gx, N, wg, gz);
     for_rows(N, [&](int64_t s0, int64_t s1) {
       for (int64_t s = s0; s < s1; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(gi) * R);

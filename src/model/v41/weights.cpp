@@ -123,7 +123,7 @@ size_t code_bytes(const ref::Fp8Weight& w) { return size_t(w.out * w.in); }
 size_t code_bytes(const ref::Fp4Weight& w) { return size_t(w.out * w.in / 2); }
 
 HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
-  std::vector<ref::Fp8Weight*> fp8;
+  std::vector<ref::Fp8Weight*> fp8, fp8_kept;  // kept: repacked and still read in the checkpoint layout
   std::vector<ref::Fp4Weight*> fp4;
   // Dense weights a decode step streams in full, copied as they are: from the file mapping's
   // 4 KiB pages the head streamed at ~35 GB/s on a Zen 5 that reads ~60 GB/s from huge pages
@@ -148,7 +148,8 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
     if (L.has_engram) fp8.push_back(&L.engram.wkv);
     for (auto& e : L.moe.experts)
       for (auto* w : {&e.w1, &e.w2, &e.w3}) fp4.push_back(w);
-    add_dense(A.wo_a.w, code_bytes(A.wo_a));  // read in the checkpoint layout (dequantized per group)
+    add_dense(A.wo_a.w, code_bytes(A.wo_a));  // its exact recomputations read the checkpoint layout
+    fp8_kept.push_back(&A.wo_a);
     add_bf16(A.compressor.wkv);
     add_bf16(A.compressor.wgate);
     add_bf16(A.indexer.weights_proj);
@@ -158,11 +159,13 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
   }
   auto round_up = [](size_t n) { return (n + 63) / 64 * 64; };
   // Sizes once: packed_bytes scans an FP8 tensor's codes on some ISAs.
-  std::vector<size_t> fp8_bytes, fp4_bytes;
+  std::vector<size_t> fp8_bytes, fp4_bytes, kept_bytes;
   for (auto* w : fp8) fp8_bytes.push_back(kern::packed_bytes(*w));
   for (auto* w : fp4) fp4_bytes.push_back(kern::packed_bytes(*w));
+  for (auto* w : fp8_kept) kept_bytes.push_back(kern::packed_bytes_dequant(*w));
   size_t total = 0;
   for (size_t n : fp8_bytes) total += round_up(n);
+  for (size_t n : kept_bytes) total += round_up(n);
   for (size_t n : fp4_bytes) total += round_up(n);
   for (const auto& d : dense) total += round_up(d.bytes);
   HugeBuffer buf(total);
@@ -175,6 +178,11 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
   };
   for (size_t i = 0; i < fp8.size(); ++i) place(fp8[i], fp8_bytes[i]);
   for (size_t i = 0; i < fp4.size(); ++i) place(fp4[i], fp4_bytes[i]);
+  for (size_t i = 0; i < fp8_kept.size(); ++i)
+    if (kept_bytes[i]) {
+      kern::pack_weight(*fp8_kept[i], at, pool);
+      at += round_up(kept_bytes[i]);
+    }
   for (const auto& d : dense) {
     std::memcpy(at, d.src, d.bytes);
     release_mapped_pages(d.src, d.bytes);

@@ -82,11 +82,13 @@ struct ModelWeights {
 // Binds every backbone tensor, checking dtype and shape. Throws LoadError naming the tensor.
 ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& cfg);
 
-// Repacks every FP8/FP4 weight the quantized kernels read (all but wo_a, which is dequantized per
-// group) into the active ISA's layout (kern::pack_weight), sets the views' `packed`, copies the
-// dense weights a step streams (head, wo_a codes, bf16/fp32 projections) unchanged, repoints their
-// views, and drops the checkpoint pages all of them came from, so resident memory stays about one
-// copy. Returns the buffer (huge pages where the kernel allows).
+// Repacks every FP8/FP4 weight the quantized kernels read into the active ISA's layout
+// (kern::pack_weight), sets the views' `packed`, copies the dense weights a step streams (head,
+// wo_a codes, bf16/fp32 projections) unchanged, repoints their views, and drops the checkpoint
+// pages all of them came from, so resident memory stays about one copy; wo_a alone is kept in
+// both layouts where its certified kernel reads the repacked one (kern::packed_bytes_dequant): its
+// exact recomputations read the checkpoint rows. Returns the buffer (huge pages where the kernel
+// allows).
 HugeBuffer repack_weights(ModelWeights& w, ThreadPool* pool);
 
 }  // namespace di::v41
