@@ -610,6 +610,44 @@ void q1_chunk(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64
   }
 }
 
+// q1_panels<M, 1> for M = 5..8 rows: the 2M block accumulators in registers, the totals in
+// memory (updated once per block by add_block_totals' operations: the same bits), so each weight
+// pair is converted once for all M rows.
+template <int M, class Cvt, class Scale>
+void q1_panel_wide(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64_t panel, const uint8_t* packed,
+                   int64_t panel_bytes, int64_t pair_bytes, Cvt& cvt, Scale& scale, float* y) {
+  const int64_t K = nkb * 32;
+  const uint8_t* base = packed + panel * panel_bytes;
+  alignas(64) float T[M][kPanel] = {};
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    __m512 acc[M][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int j = 0; j < 16; ++j) {
+      __m512i w0, w1;
+      _mm_prefetch(reinterpret_cast<const char*>(base + (kb * 16 + j) * pair_bytes + kPrefetchBytes), _MM_HINT_T0);
+      cvt(base, kb * 16 + j, w0, w1);
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) {
+        const __m512bh xv = bcast_pair(xq + r * K + kb * 32 + 2 * j);
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)w0, xv);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)w1, xv);
+      }
+    }
+    __m512 s0, s1;
+    scale(panel, kb, s0, s1);
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+      const __m512 a = _mm512_set1_ps(sa[r * nkb + kb]);
+      _mm512_store_ps(T[r], _mm512_add_ps(_mm512_load_ps(T[r]), _mm512_mul_ps(_mm512_mul_ps(acc[r][0], a), s0)));
+      _mm512_store_ps(T[r] + 16, _mm512_add_ps(_mm512_load_ps(T[r] + 16), _mm512_mul_ps(_mm512_mul_ps(acc[r][1], a), s1)));
+    }
+  }
+  const int64_t n0 = panel * kPanel;
+  for (int r = 0; r < M; ++r)
+    store_panel(y + r * N + n0, int(std::min<int64_t>(kPanel, N - n0)), _mm512_load_ps(T[r]), _mm512_load_ps(T[r] + 16));
+}
+
 // m = 1..3 rows on the repacked layout, converting each weight pair once for all rows (the
 // microkernel path would convert whole panels into a buffer first, unamortized at so few rows).
 // Each column's vdpbf16ps chain and block-scale sums are the microkernel's, so are the bits.
@@ -621,13 +659,17 @@ void linear_q1_packed(const uint16_t* xq, const float* sa, int64_t m, int64_t K,
     if (m == 1) q1_chunk<1, 4>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
     else if (m == 2) q1_chunk<2, 2>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
     else if (m == 3) q1_chunk<3, 2>(xq, sa, nkb, N, p0, p1, packed, panel_bytes, pair_bytes, cvt, scale, y);
-    else  // 4 rows at a time per panel: the panel is streamed once and re-read from cache
+    else  // up to 8 rows at a time per panel: the panel is streamed once, re-read from cache by the next 8
       for (int64_t p = p0; p < p1; ++p)
-        for (int64_t r0 = 0; r0 < m; r0 += 4) {
+        for (int64_t r0 = 0; r0 < m; r0 += 8) {
           const uint16_t* xr = xq + r0 * K;
           const float* sr = sa + r0 * nkb;
           float* yr = y + r0 * N;
-          switch (std::min<int64_t>(4, m - r0)) {
+          switch (std::min<int64_t>(8, m - r0)) {
+            case 8: q1_panel_wide<8>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
+            case 7: q1_panel_wide<7>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
+            case 6: q1_panel_wide<6>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
+            case 5: q1_panel_wide<5>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
             case 4: q1_panels<4, 1>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
             case 3: q1_panels<3, 1>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
             case 2: q1_panels<2, 1>(xr, sr, nkb, N, p, packed, panel_bytes, pair_bytes, cvt, scale, yr); break;
