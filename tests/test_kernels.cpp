@@ -598,7 +598,7 @@ TEST(Kernels, LinearFp8DequantCertified) {
     if (const size_t bytes = kern::packed_bytes_dequant(w)) {
       std::vector<uint8_t> buf(bytes + 64);
       ref::Fp8Weight wp = w;
-      kern::pack_weight(wp, buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64);
+      kern::pack_weight_dequant(wp, buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64);
       const int64_t s0 = kern::detail::certified_outputs.load();
       std::fill(got.begin(), got.end(), -1.f);
       std::fill(got3.begin(), got3.end(), -3.f);
@@ -668,6 +668,15 @@ TEST(Kernels, LinearFp8DequantCertified) {
     check(lost, 1, wl, "lost additions");
     kern::linear_fp8_dequant(lost.data(), 1, wl, y.data(), nullptr);
     EXPECT_EQ(y[0], 0x1p24f + 0x1p17f);
+    // An addition lost inside one vdpbf16ps step: 2^33 added to 2^16 + 2^8 + 2^4 and taken away
+    // again by the pair's other product; fp32 keeps 2^16 (below the bf16 midpoint), the exact sum
+    // is above it. The partial sums stay small, so only the products' term of the bound sends it
+    // to the exact path.
+    std::vector<float> inner(64, 0.f);
+    inner[0] = 0x1p8f, inner[1] = 0x1p16f, inner[3] = 0x1p4f, inner[4] = -0x1p33f, inner[5] = 0x1p33f;
+    check(inner, 1, w1, "addition lost inside a step");
+    kern::linear_fp8_dequant(inner.data(), 1, w1, y.data(), nullptr);
+    EXPECT_EQ(y[0], 0x1p16f + 0x1p9f);
     kern::linear_fp8_dequant(cancel.data(), 1, w1, y.data(), nullptr);
     EXPECT_EQ(y[0], 62.f);
     kern::linear_fp8_dequant(tie.data(), 1, w1, y.data(), nullptr);

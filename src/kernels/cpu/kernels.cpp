@@ -197,14 +197,24 @@ size_t packed_bytes(const ref::Fp4Weight& w) {
   return 0;
 }
 size_t packed_bytes_dequant(const ref::Fp8Weight& w) {
-  return current() == Isa::Avx512 ? avx512::packed_bytes_fp8(w) : 0;
+  return current() == Isa::Avx512 ? avx512::packed_bytes_fp8_dequant(w) : 0;
+}
+void pack_weight_dequant(ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
+  if (!packed_bytes_dequant(w)) return;
+  avx512::pack_weight_fp8_dequant(w, dst, pool ? pool : pool_slot());
+  w.packed = dst;
+  w.packed_layout = detail::kLayoutAvx512Dequant;
 }
 ref::Fp8Weight fp8_rows(const ref::Fp8Weight& w, int64_t row0, int64_t rows) {
   if (row0 % 32 != 0 || row0 < 0 || rows < 0 || row0 + rows > w.out) throw std::invalid_argument("fp8_rows: bad row range");
   const int64_t nkb = (w.in + 31) / 32;
   ref::Fp8Weight v{w.w + row0 * w.in, w.scale + row0 / 32 * nkb, rows, w.in};
-  if (w.packed && w.packed_layout == detail::kLayoutAvx512) {  // panels of 32 rows, each contiguous
+  // Both AVX-512 layouts keep each 32-row panel contiguous.
+  if (w.packed && w.packed_layout == detail::kLayoutAvx512) {
     v.packed = w.packed + avx512::packed_bytes_fp8(ref::Fp8Weight{nullptr, nullptr, row0, w.in});
+    v.packed_layout = w.packed_layout;
+  } else if (w.packed && w.packed_layout == detail::kLayoutAvx512Dequant) {
+    v.packed = w.packed + row0 / 32 * avx512::dequant_panel_bytes(w);
     v.packed_layout = w.packed_layout;
   }
   return v;

@@ -59,9 +59,11 @@ size_t packed_bytes(const ref::Fp8Weight& w);
 size_t packed_bytes(const ref::Fp4Weight& w);
 void pack_weight(ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);  // dst: 64-byte aligned
 void pack_weight(ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);
-// linear_fp8_dequant (wo_a) reads the FP8 repacked layout too where its certified path has one
-// (AVX-512); it still reads w.w for the outputs it recomputes exactly, so keep both. 0: unused.
+// linear_fp8_dequant (wo_a) has a repacked layout of its own where its certified path uses one
+// (AVX-512: the FP8 panels plus per-block column maxima); it still reads w.w for the outputs it
+// recomputes exactly, so keep both. packed_bytes_dequant is 0 where it is unused.
 size_t packed_bytes_dequant(const ref::Fp8Weight& w);
+void pack_weight_dequant(ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);  // dst: 64-byte aligned
 // Rows [row0, row0 + rows) of an FP8 weight (row0 a multiple of 32), repacked layout included.
 ref::Fp8Weight fp8_rows(const ref::Fp8Weight& w, int64_t row0, int64_t rows);
 

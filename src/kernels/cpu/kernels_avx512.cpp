@@ -1193,6 +1193,28 @@ inline __mmask16 certify_bf16_x16(__m512 sum32, __m512 tracked32, double abs_sum
   return ok;
 }
 
+// certify_bf16_x16 with a bound on sum |products| per lane (prod32, fp32 rounded: the 1.01 covers it)
+// instead of 448 sum |x x scale|.
+inline __mmask16 certify_bf16_x16_lanes(__m512 sum32, __m512 tracked32, __m512 prod32, __mmask16 valid, float* out) {
+  __m256 lo8[2], hi8[2];
+  for (int h = 0; h < 2; ++h) {
+    auto half = [&](__m512 v) { return _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v)); };
+    const __m512d sum = half(sum32);
+    const __m512d inner = _mm512_fmadd_pd(_mm512_set1_pd(2.0), half(tracked32), half(prod32));
+    const __m512d bound = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(0x1p-24 * 1.01), inner),
+                                        _mm512_mul_pd(_mm512_set1_pd(0x1p-45), _mm512_abs_pd(sum)));
+    lo8[h] = _mm512_cvtpd_ps(_mm512_sub_pd(sum, bound));
+    hi8[h] = _mm512_cvtpd_ps(_mm512_add_pd(sum, bound));
+  }
+  const __m512 lo = round_bf16_ps(_mm512_insertf32x8(_mm512_castps256_ps512(lo8[0]), lo8[1], 1));
+  const __m512 hi = round_bf16_ps(_mm512_insertf32x8(_mm512_castps256_ps512(hi8[0]), hi8[1], 1));
+  const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(sum32), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) &
+                           _mm512_cmp_ps_mask(lo, lo, _CMP_ORD_Q) & _mm512_cmp_ps_mask(hi, hi, _CMP_ORD_Q);
+  const __mmask16 ok = valid & finite & _mm512_cmpeq_epi32_mask(_mm512_castps_si512(lo), _mm512_castps_si512(hi));
+  _mm512_mask_storeu_ps(out, ok, lo);
+  return ok;
+}
+
 // NR weight rows against M rows of x x scale: the fp32 dot products and, beside each accumulator,
 // the running sum of its magnitudes after every step. Compile-time M and NR, fully unrolled, keep
 // all of it in registers (arrays indexed at run time were spilled to the stack); several weight
@@ -1463,9 +1485,10 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
 // tot += acc x s and trk += mag x s + |tot|. trk bounds sum_i |A_i| over every rounded partial
 // result in the scale of the output, which is what the certificate needs (see below).
 template <int M, int P>
-inline void certified_panel_tile(const uint16_t* xb, int64_t K, const uint8_t* packed, int64_t first, int64_t stride,
-                                 const uint8_t* scale, const float* e8, const Fp8Lut& lut, float* tot, float* trk) {
-  const int64_t nkb = K / 32, panel_bytes = nkb * kFp8BlockBytes;
+inline void certified_panel_tile(const uint16_t* xb, int64_t K, const uint8_t* packed, int64_t panel_bytes, int64_t first,
+                                 int64_t stride, const uint8_t* scale, const float* e8, const Fp8Lut& lut, float* tot,
+                                 float* trk) {
+  const int64_t nkb = K / 32;
   const uint8_t* base[P];
 #pragma GCC unroll 4
   for (int q = 0; q < P; ++q) base[q] = packed + (first + q * stride) * panel_bytes;
@@ -1522,7 +1545,7 @@ inline void certified_panel_tile(const uint16_t* xb, int64_t K, const uint8_t* p
 void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
-  const int64_t K = w.in, N = w.out, nkb = K / 32, npanels = n_panels(N);
+  const int64_t K = w.in, N = w.out, nkb = K / 32, npanels = n_panels(N), panel_bytes = dequant_panel_bytes(w);
   thread_local std::vector<uint16_t> xbf_tl;
   thread_local std::vector<float> xabs_tl;
   thread_local std::vector<uint8_t> row_ok_tl;
@@ -1568,13 +1591,21 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
         const int64_t row = r0 + r;
         unsigned rest = nvalid >= 32 ? ~0u : (1u << nvalid) - 1;
         if (panel_ok && row_ok[row]) {
-          double abs_sum = 0;  // sum |x x scale| of this row and panel
-          for (int64_t kb = 0; kb < nkb; ++kb) abs_sum += double(xabs[row * nkb + kb]) * e8[srow[kb]];
+          // Per lane: sum |products| <= sum_b |x block b|_1 x s_b x (the column's largest |E4M3| in b),
+          // from the panel's table (e4m3x16_half gives the value x 2^-8, hence the 256).
+          const uint8_t* maxcode = w.packed + p * panel_bytes + nkb * kFp8BlockBytes;
+          __m512 prod[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+          for (int64_t kb = 0; kb < nkb; ++kb) {
+            const __m512 c = _mm512_set1_ps(xabs[row * nkb + kb] * e8[srow[kb]] * 256.f);
+            for (int h = 0; h < 2; ++h)
+              prod[h] = _mm512_fmadd_ps(_mm512_cvtph_ps(e4m3x16_half(maxcode + kb * kPanel + h * 16)), c, prod[h]);
+          }
           for (int h = 0; h < 2; ++h) {
             const unsigned valid = (rest >> (16 * h)) & 0xffff;
             const float* t = tot + (r * P + q) * kPanel + h * 16;
             const float* k = trk + (r * P + q) * kPanel + h * 16;
-            const __mmask16 ok = certify_bf16_x16(_mm512_load_ps(t), _mm512_load_ps(k), abs_sum, __mmask16(valid), y + row * N + n0 + h * 16);
+            const __mmask16 ok = certify_bf16_x16_lanes(_mm512_load_ps(t), _mm512_load_ps(k), prod[h], __mmask16(valid),
+                                                        y + row * N + n0 + h * 16);
             settled += __builtin_popcount(ok);
             rest &= ~(unsigned(ok) << (16 * h));
           }
@@ -1600,12 +1631,12 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
       const int64_t part = (p1 - p0) / P;
       auto tile = [&](int64_t first, int64_t stride, int np) {
         switch (M * 8 + np) {
-          case 1 * 8 + 4: certified_panel_tile<1, 4>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
-          case 1 * 8 + 1: certified_panel_tile<1, 1>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
-          case 2 * 8 + 2: certified_panel_tile<2, 2>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
-          case 2 * 8 + 1: certified_panel_tile<2, 1>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
-          case 3 * 8 + 1: certified_panel_tile<3, 1>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
-          default: certified_panel_tile<4, 1>(xr, K, w.packed, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 1 * 8 + 4: certified_panel_tile<1, 4>(xr, K, w.packed, panel_bytes, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 1 * 8 + 1: certified_panel_tile<1, 1>(xr, K, w.packed, panel_bytes, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 2 * 8 + 2: certified_panel_tile<2, 2>(xr, K, w.packed, panel_bytes, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 2 * 8 + 1: certified_panel_tile<2, 1>(xr, K, w.packed, panel_bytes, first, stride, w.scale, e8, lut, tot, trk); break;
+          case 3 * 8 + 1: certified_panel_tile<3, 1>(xr, K, w.packed, panel_bytes, first, stride, w.scale, e8, lut, tot, trk); break;
+          default: certified_panel_tile<4, 1>(xr, K, w.packed, panel_bytes, first, stride, w.scale, e8, lut, tot, trk); break;
         }
         for (int q = 0; q < np; ++q) finish(first + q * stride, r0, M, np, q);
       };
@@ -1643,7 +1674,7 @@ bool fp8_dequant_certified(const float* x, int64_t m, const ref::Fp8Weight& w, f
     if (low) bf16_valued.store(false, std::memory_order_relaxed);
   });
   if (!bf16_valued.load(std::memory_order_relaxed)) return false;
-  const bool packed = w.packed && w.packed_layout == detail::kLayoutAvx512;
+  const bool packed = w.packed && w.packed_layout == detail::kLayoutAvx512Dequant;
   if (m >= (packed ? kCertifiedGemmRowsPacked : kCertifiedGemmRows)) {
     fp8_dequant_certified_gemm(x, m, w, y, pool);
     return true;
@@ -2259,20 +2290,46 @@ size_t packed_bytes_fp4(const ref::Fp4Weight& w) {
   return w.in % 32 ? 0 : size_t(n_panels(w.out) * (w.in / 32) * (kFp4BlockBytes + kPanel));  // codes + scales
 }
 
-void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
+// One panel's codes in the FP8 panel layout (see linear_fp8) at dst.
+static void pack_fp8_panel(const ref::Fp8Weight& w, int64_t p, uint8_t* dst) {
   const int64_t K = w.in, nkb = K / 32;
+  for (int64_t kb = 0; kb < nkb; ++kb)
+    for (int j = 0; j < 16; ++j) {
+      uint8_t* c = dst + (kb * 16 + j) * kFp8PairBytes;
+      for (int col = 0; col < kPanel; ++col) {
+        const int64_t n = p * kPanel + col;
+        const int half = col / 16, L = (col % 16) / 4, q = col % 4;
+        for (int e = 0; e < 2; ++e) c[16 * L + 8 * half + 2 * q + e] = n < w.out ? w.w[n * K + kb * 32 + 2 * j + e] : 0;
+      }
+    }
+}
+
+void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
+  const int64_t nkb = w.in / 32;
   run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
-    for (int64_t p = p0; p < p1; ++p)
+    for (int64_t p = p0; p < p1; ++p) pack_fp8_panel(w, p, dst + p * nkb * kFp8BlockBytes);
+  });
+}
+
+int64_t dequant_panel_bytes(const ref::Fp8Weight& w) { return (w.in / 32) * (kFp8BlockBytes + kPanel); }
+size_t packed_bytes_fp8_dequant(const ref::Fp8Weight& w) {
+  return w.in % 32 ? 0 : size_t(n_panels(w.out) * dequant_panel_bytes(w));
+}
+void pack_weight_fp8_dequant(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool) {
+  const int64_t K = w.in, nkb = K / 32, panel_bytes = dequant_panel_bytes(w);
+  run(pool, n_panels(w.out), 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p) {
+      uint8_t* d = dst + p * panel_bytes;
+      pack_fp8_panel(w, p, d);
+      uint8_t* mx = d + nkb * kFp8BlockBytes;  // [kb][column]: max |code| (E4M3 magnitudes order like their codes)
       for (int64_t kb = 0; kb < nkb; ++kb)
-        for (int j = 0; j < 16; ++j) {
-          uint8_t* c = dst + ((p * nkb + kb) * 16 + j) * kFp8PairBytes;
-          for (int col = 0; col < kPanel; ++col) {
-            const int64_t n = p * kPanel + col;
-            const int half = col / 16, L = (col % 16) / 4, q = col % 4;
-            for (int e = 0; e < 2; ++e)
-              c[16 * L + 8 * half + 2 * q + e] = n < w.out ? w.w[n * K + kb * 32 + 2 * j + e] : 0;
-          }
+        for (int col = 0; col < kPanel; ++col) {
+          const int64_t n = p * kPanel + col;
+          uint8_t m = 0;
+          for (int64_t k = 0; n < w.out && k < 32; ++k) m = std::max<uint8_t>(m, w.w[n * K + kb * 32 + k] & 0x7f);
+          mx[kb * kPanel + col] = m;
         }
+    }
   });
 }
 

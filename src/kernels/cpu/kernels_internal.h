@@ -18,6 +18,9 @@ namespace di::kern::detail {
 
 // ref::Fp8Weight/Fp4Weight::packed_layout of each ISA's repacked layout (= its kern::Isa value).
 constexpr int kLayoutAvx2 = 1, kLayoutAvx512 = 2;
+// The certified wo_a kernel's layout (AVX-512): per 32-row panel the FP8 panel layout's codes, then
+// per K block the largest |E4M3 code| of each of the 32 rows (a tighter product bound than 448).
+constexpr int kLayoutAvx512Dequant = 3;
 
 // E8M0 code -> fp32 (2^(code-127); 255 = NaN), a table shared by all ISAs.
 const float* e8m0_table();
@@ -63,6 +66,9 @@ size_t packed_bytes_fp8(const ref::Fp8Weight& w);
 size_t packed_bytes_fp4(const ref::Fp4Weight& w);
 void pack_weight_fp8(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool);
 void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool);
+int64_t dequant_panel_bytes(const ref::Fp8Weight& w);  // kLayoutAvx512Dequant: bytes per 32-row panel
+size_t packed_bytes_fp8_dequant(const ref::Fp8Weight& w);
+void pack_weight_fp8_dequant(const ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool);
 void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool);
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
 void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);

@@ -180,7 +180,7 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
   for (size_t i = 0; i < fp4.size(); ++i) place(fp4[i], fp4_bytes[i]);
   for (size_t i = 0; i < fp8_kept.size(); ++i)
     if (kept_bytes[i]) {
-      kern::pack_weight(*fp8_kept[i], at, pool);
+      kern::pack_weight_dequant(*fp8_kept[i], at, pool);
       at += round_up(kept_bytes[i]);
     }
   for (const auto& d : dense) {
