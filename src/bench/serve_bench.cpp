@@ -200,16 +200,22 @@ awaitable<RequestOutput> stream_request(const Shared& sh, const std::string& tar
   co_return out;
 }
 
-awaitable<std::string> first_model_id(const Shared& sh) {
+// GET path on a fresh connection (30 s limit).
+awaitable<http::response<http::string_body>> http_get(const Shared& sh, const std::string& path) {
   beast::tcp_stream stream(co_await asio::this_coro::executor);
   stream.expires_after(std::chrono::seconds(30));
   co_await stream.async_connect(sh.endpoints, use_awaitable);
-  http::request<http::empty_body> req{http::verb::get, sh.url.prefix + "/v1/models", 11};
+  http::request<http::empty_body> req{http::verb::get, sh.url.prefix + path, 11};
   req.set(http::field::host, sh.url.host + ":" + sh.url.port);
   co_await http::async_write(stream, req, use_awaitable);
   beast::flat_buffer buf;
   http::response<http::string_body> res;
   co_await http::async_read(stream, buf, res, use_awaitable);
+  co_return res;
+}
+
+awaitable<std::string> first_model_id(const Shared& sh) {
+  const http::response<http::string_body> res = co_await http_get(sh, "/v1/models");
   const auto j = nlohmann::json::parse(res.body(), nullptr, false);
   if (res.result_int() != 200 || j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
       !j["data"][0].contains("id"))
@@ -221,15 +227,7 @@ awaitable<std::string> first_model_id(const Shared& sh) {
 awaitable<EngineDecodeStats> engine_decode_counters(const Shared& sh) {
   EngineDecodeStats s;
   try {
-    beast::tcp_stream stream(co_await asio::this_coro::executor);
-    stream.expires_after(std::chrono::seconds(30));
-    co_await stream.async_connect(sh.endpoints, use_awaitable);
-    http::request<http::empty_body> req{http::verb::get, sh.url.prefix + "/metrics", 11};
-    req.set(http::field::host, sh.url.host + ":" + sh.url.port);
-    co_await http::async_write(stream, req, use_awaitable);
-    beast::flat_buffer buf;
-    http::response<http::string_body> res;
-    co_await http::async_read(stream, buf, res, use_awaitable);
+    const http::response<http::string_body> res = co_await http_get(sh, "/metrics");
     if (res.result_int() == 200) parse_engine_decode_counters(res.body(), s);
   } catch (const std::exception&) {
     s = EngineDecodeStats{};

@@ -209,11 +209,7 @@ ref::Fp8Weight fp8_rows(const ref::Fp8Weight& w, int64_t row0, int64_t rows) {
   if (row0 % 32 != 0 || row0 < 0 || rows < 0 || row0 + rows > w.out) throw std::invalid_argument("fp8_rows: bad row range");
   const int64_t nkb = (w.in + 31) / 32;
   ref::Fp8Weight v{w.w + row0 * w.in, w.scale + row0 / 32 * nkb, rows, w.in};
-  // Both AVX-512 layouts keep each 32-row panel contiguous.
-  if (w.packed && w.packed_layout == detail::kLayoutAvx512) {
-    v.packed = w.packed + avx512::packed_bytes_fp8(ref::Fp8Weight{nullptr, nullptr, row0, w.in});
-    v.packed_layout = w.packed_layout;
-  } else if (w.packed && w.packed_layout == detail::kLayoutAvx512Dequant) {
+  if (w.packed && w.packed_layout == detail::kLayoutAvx512Dequant) {  // 32-row panels, each contiguous
     v.packed = w.packed + row0 / 32 * avx512::dequant_panel_bytes(w);
     v.packed_layout = w.packed_layout;
   }

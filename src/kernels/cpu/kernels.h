@@ -64,7 +64,8 @@ void pack_weight(ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);
 // recomputes exactly, so keep both. packed_bytes_dequant is 0 where it is unused.
 size_t packed_bytes_dequant(const ref::Fp8Weight& w);
 void pack_weight_dequant(ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);  // dst: 64-byte aligned
-// Rows [row0, row0 + rows) of an FP8 weight (row0 a multiple of 32), repacked layout included.
+// Rows [row0, row0 + rows) of an FP8 weight (row0 a multiple of 32), with pack_weight_dequant's
+// layout when it has one (other repacked layouts are dropped: the view reads the checkpoint layout).
 ref::Fp8Weight fp8_rows(const ref::Fp8Weight& w, int64_t row0, int64_t rows);
 
 }  // namespace di::kern

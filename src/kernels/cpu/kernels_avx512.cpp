@@ -1170,14 +1170,16 @@ inline bool certify_bf16(double sum, double tracked, double abs_sum, double mag,
   return true;
 }
 
-// certify_bf16 for 16 outputs of one row at once (the GEMM layout has them in lanes): the same
-// bound, in fp64 lanes. Stores the settled lanes' bf16 to out and returns their mask.
-inline __mmask16 certify_bf16_x16(__m512 sum32, __m512 tracked32, double abs_sum, __mmask16 valid, float* out) {
+// certify_bf16 for 16 outputs of one row at once (outputs in lanes): the same bound in fp64 lanes,
+// with the products' term prod(h) for lanes 8h .. 8h + 7. Stores the settled lanes' bf16 to out
+// and returns their mask.
+template <class Prod>
+inline __mmask16 certify_lanes(__m512 sum32, __m512 tracked32, Prod&& prod, __mmask16 valid, float* out) {
   __m256 lo8[2], hi8[2];
   for (int h = 0; h < 2; ++h) {
     const __m512d sum = _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps(sum32, 1) : _mm512_castps512_ps256(sum32));
     const __m512d tracked = _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps(tracked32, 1) : _mm512_castps512_ps256(tracked32));
-    const __m512d inner = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(2.0), tracked), _mm512_set1_pd(448 * abs_sum));
+    const __m512d inner = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(2.0), tracked), prod(h));
     const __m512d bound = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(0x1p-24 * 1.01), inner),
                                         _mm512_mul_pd(_mm512_set1_pd(0x1p-45), _mm512_abs_pd(sum)));
     lo8[h] = _mm512_cvtpd_ps(_mm512_sub_pd(sum, bound));
@@ -1193,26 +1195,17 @@ inline __mmask16 certify_bf16_x16(__m512 sum32, __m512 tracked32, double abs_sum
   return ok;
 }
 
-// certify_bf16_x16 with a bound on sum |products| per lane (prod32, fp32 rounded: the 1.01 covers it)
-// instead of 448 sum |x x scale|.
+// The GEMM layout's certificate: sum |products| <= 448 sum |x x scale| of the row and group.
+inline __mmask16 certify_bf16_x16(__m512 sum32, __m512 tracked32, double abs_sum, __mmask16 valid, float* out) {
+  return certify_lanes(sum32, tracked32, [&](int) { return _mm512_set1_pd(448 * abs_sum); }, valid, out);
+}
+
+// With a bound on sum |products| per lane (prod32, rounded in fp32: the 1.01 covers it).
 inline __mmask16 certify_bf16_x16_lanes(__m512 sum32, __m512 tracked32, __m512 prod32, __mmask16 valid, float* out) {
-  __m256 lo8[2], hi8[2];
-  for (int h = 0; h < 2; ++h) {
-    auto half = [&](__m512 v) { return _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v)); };
-    const __m512d sum = half(sum32);
-    const __m512d inner = _mm512_fmadd_pd(_mm512_set1_pd(2.0), half(tracked32), half(prod32));
-    const __m512d bound = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(0x1p-24 * 1.01), inner),
-                                        _mm512_mul_pd(_mm512_set1_pd(0x1p-45), _mm512_abs_pd(sum)));
-    lo8[h] = _mm512_cvtpd_ps(_mm512_sub_pd(sum, bound));
-    hi8[h] = _mm512_cvtpd_ps(_mm512_add_pd(sum, bound));
-  }
-  const __m512 lo = round_bf16_ps(_mm512_insertf32x8(_mm512_castps256_ps512(lo8[0]), lo8[1], 1));
-  const __m512 hi = round_bf16_ps(_mm512_insertf32x8(_mm512_castps256_ps512(hi8[0]), hi8[1], 1));
-  const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(sum32), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) &
-                           _mm512_cmp_ps_mask(lo, lo, _CMP_ORD_Q) & _mm512_cmp_ps_mask(hi, hi, _CMP_ORD_Q);
-  const __mmask16 ok = valid & finite & _mm512_cmpeq_epi32_mask(_mm512_castps_si512(lo), _mm512_castps_si512(hi));
-  _mm512_mask_storeu_ps(out, ok, lo);
-  return ok;
+  return certify_lanes(
+      sum32, tracked32,
+      [&](int h) { return _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps(prod32, 1) : _mm512_castps512_ps256(prod32)); }, valid,
+      out);
 }
 
 // NR weight rows against M rows of x x scale: the fp32 dot products and, beside each accumulator,
@@ -1324,6 +1317,31 @@ inline void handover_dots_bf16(const uint16_t* const* xs, const uint32_t* const*
   for (int i = 0; i < n; ++i) sums[i] = _mm512_reduce_add_pd(_mm512_add_pd(a[i][0], a[i][1])) + tail;
 }
 
+// One row of bf16-valued x for the certified wo_a kernels: x as bf16 bits, the magnitude sum of
+// each 32-block, the smallest nonzero magnitude (inf if none) and the largest (inf when NaN or inf
+// occur anywhere in the row).
+inline void certified_row_prologue(const float* xr, int64_t K, uint16_t* xb, float* abs_blocks, float& lo, float& hi) {
+  const int64_t nkb = K / 32;
+  __m512 vlo = _mm512_set1_ps(INFINITY), vhi = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    const float* v = xr + kb * 32;
+    const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(v)), a1 = _mm512_abs_ps(_mm512_loadu_ps(v + 16));
+    abs_blocks[kb] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    vhi = _mm512_max_ps(vhi, _mm512_max_ps(a0, a1));
+    vlo = _mm512_mask_min_ps(vlo, _mm512_cmpneq_ps_mask(a0, _mm512_setzero_ps()), vlo, a0);
+    vlo = _mm512_mask_min_ps(vlo, _mm512_cmpneq_ps_mask(a1, _mm512_setzero_ps()), vlo, a1);
+    // bf16-valued: the high halves are the values
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + kb * 32),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v)), 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + kb * 32 + 16),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v + 16)), 16)));
+  }
+  float total = 0.f;  // NaN or inf anywhere in the row makes it non-finite
+  for (int64_t kb = 0; kb < nkb; ++kb) total += abs_blocks[kb];
+  lo = _mm512_reduce_min_ps(vlo);
+  hi = std::isfinite(total) ? _mm512_reduce_max_ps(vhi) : INFINITY;
+}
+
 // wo_a for many rows (prefill, batched decode), same certificate as fp8_dequant_certified below but
 // laid out as a GEMM: per 32-row group the E4M3 codes become bf16 pairs with the group's block
 // scale folded in (e4m3 x 2^e is exact in bf16), so each lane accumulates one output over all of K
@@ -1346,27 +1364,8 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
   uint16_t* const xbf_all = xbf.data();
   float *const abs_blocks = xabs.data(), *const row_lo = xlo.data(), *const row_hi = xhi.data();
   run(pool, m, 1, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float lo = INFINITY, hi = 0.f;
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        const float* v = x + r * K + kb * 32;
-        const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(v)), a1 = _mm512_abs_ps(_mm512_loadu_ps(v + 16));
-        abs_blocks[r * nkb + kb] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-        hi = std::max({hi, _mm512_reduce_max_ps(a0), _mm512_reduce_max_ps(a1)});
-        const __m512 big = _mm512_set1_ps(INFINITY);
-        lo = std::min({lo, _mm512_reduce_min_ps(_mm512_mask_blend_ps(_mm512_cmpneq_ps_mask(a0, _mm512_setzero_ps()), big, a0)),
-                       _mm512_reduce_min_ps(_mm512_mask_blend_ps(_mm512_cmpneq_ps_mask(a1, _mm512_setzero_ps()), big, a1))});
-        // bf16-valued: the high halves are the values
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf_all + r * K + kb * 32),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v)), 16)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf_all + r * K + kb * 32 + 16),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v + 16)), 16)));
-      }
-      float total = 0.f;  // NaN or inf anywhere in the row makes it non-finite
-      for (int64_t kb = 0; kb < nkb; ++kb) total += abs_blocks[r * nkb + kb];
-      row_lo[r] = lo;
-      row_hi[r] = std::isfinite(total) && std::isfinite(hi) ? hi : INFINITY;
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      certified_row_prologue(x + r * K, K, xbf_all + r * K, abs_blocks + r * nkb, row_lo[r], row_hi[r]);
   });
   run(pool, (N + 31) / 32, 1, [&](int64_t g0, int64_t g1, int) {
     int64_t settled = 0, handed = 0;
@@ -1556,23 +1555,9 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
   float* const xabs = xabs_tl.data();
   uint8_t* const row_ok = row_ok_tl.data();
   for (int64_t r = 0; r < m; ++r) {
-    __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_setzero_ps();
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      const float* v = x + r * K + kb * 32;
-      const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(v)), a1 = _mm512_abs_ps(_mm512_loadu_ps(v + 16));
-      xabs[r * nkb + kb] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-      hi = _mm512_max_ps(hi, _mm512_max_ps(a0, a1));
-      lo = _mm512_mask_min_ps(lo, _mm512_cmpneq_ps_mask(a0, _mm512_setzero_ps()), lo, a0);
-      lo = _mm512_mask_min_ps(lo, _mm512_cmpneq_ps_mask(a1, _mm512_setzero_ps()), lo, a1);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf + r * K + kb * 32),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v)), 16)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbf + r * K + kb * 32 + 16),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v + 16)), 16)));
-    }
-    float total = 0.f;  // NaN or inf anywhere in the row makes it non-finite
-    for (int64_t kb = 0; kb < nkb; ++kb) total += xabs[r * nkb + kb];
-    const float l = _mm512_reduce_min_ps(lo), h = _mm512_reduce_max_ps(hi);
-    row_ok[r] = std::isfinite(total) && h <= 0x1p60f && (l == INFINITY || l >= 0x1p-60f);
+    float lo, hi;
+    certified_row_prologue(x + r * K, K, xbf + r * K, xabs + r * nkb, lo, hi);
+    row_ok[r] = hi <= 0x1p60f && (lo == INFINITY || lo >= 0x1p-60f);
   }
   run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
     int64_t settled = 0, handed = 0;
