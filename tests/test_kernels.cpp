@@ -372,9 +372,11 @@ void run_f64_linear(const char* name, bool bf16_out, int64_t m, int64_t n, int64
     const std::string what = std::string(name) + " " + kern::isa_name(isa) + " m=" + std::to_string(m) +
                              " n=" + std::to_string(n) + " k=" + std::to_string(k);
     ASSERT_EQ(0, std::memcmp(got.data(), got3.data(), got.size() * 4)) << what << ": thread count";
-    std::vector<float> last(size_t(n), -2.f);  // the last row alone: the same bits as in the batch
-    kern_fn(x.data() + (m - 1) * k, 1, last.data(), nullptr);
-    ASSERT_EQ(0, std::memcmp(last.data(), got.data() + (m - 1) * n, last.size() * 4)) << what << ": batch size";
+    for (int64_t r = 0; r < m; ++r) {  // each row alone: the same bits as in the batch (rows share weight passes)
+      std::vector<float> alone(size_t(n), -2.f);
+      kern_fn(x.data() + r * k, 1, alone.data(), nullptr);
+      ASSERT_EQ(0, std::memcmp(alone.data(), got.data() + r * n, alone.size() * 4)) << what << ": row " << r << " alone";
+    }
     for (size_t i = 0; i < got.size(); ++i) {
       ++mm.total;
       if (bits(got[i]) == bits(want[i])) continue;

@@ -719,29 +719,53 @@ void widen_x_bf16(const float* x, int64_t K, double* xd) {
   for (; k < K; ++k) xd[k] = x[k];
 }
 
-// sums[i] = sum_k x[k] w_i(k) for kRows64 weight rows; wv(i, k, lo, hi) gives weights k..k+15 of
-// row i as two fp64 vectors in the order of xd; w1(i, k) one weight (the K % 16 tail).
-template <class W16, class W1>
-inline void dot4_f64(const double* xd, int64_t K, int rows, W16&& wv, W1&& w1, double* sums) {
-  __m512d a[kRows64][2];
+// sums[r][i] = sum_k x_r[k] w_i(k) for M x rows (xd + r K) and kRows64 weight rows; wv(i, k, lo,
+// hi) gives weights k..k+15 of row i as two fp64 vectors in the order of xd; w1(i, k) one weight
+// (the K % 16 tail). Each weight vector is converted once for all M rows; every (r, i) sum has the
+// same lanes, reduction and tail for any M, so M changes the speed, never the bits.
+template <int M, class W16, class W1>
+inline void dot4_f64_rows(const double* xd, int64_t K, int rows, W16&& wv, W1&& w1, double (*sums)[kRows64]) {
+  __m512d a[M][kRows64][2];
 #pragma GCC unroll 16
-  for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm512_setzero_pd();
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows64; ++i) a[r][i][0] = a[r][i][1] = _mm512_setzero_pd();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    const __m512d x0 = _mm512_loadu_pd(xd + k), x1 = _mm512_loadu_pd(xd + k + 8);
 #pragma GCC unroll 16
     for (int i = 0; i < kRows64; ++i) {
       if (i >= rows) break;
       __m512d w0, w1v;
       wv(i, k, w0, w1v);
-      a[i][0] = _mm512_fmadd_pd(x0, w0, a[i][0]);
-      a[i][1] = _mm512_fmadd_pd(x1, w1v, a[i][1]);
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r) {
+        a[r][i][0] = _mm512_fmadd_pd(_mm512_loadu_pd(xd + r * K + k), w0, a[r][i][0]);
+        a[r][i][1] = _mm512_fmadd_pd(_mm512_loadu_pd(xd + r * K + k + 8), w1v, a[r][i][1]);
+      }
     }
   }
-  for (int i = 0; i < rows; ++i) {
-    double tail = 0;
-    for (int64_t t = k; t < K; ++t) tail += xd[t] * w1(i, t);
-    sums[i] = _mm512_reduce_add_pd(_mm512_add_pd(a[i][0], a[i][1])) + tail;
+  for (int r = 0; r < M; ++r)
+    for (int i = 0; i < rows; ++i) {
+      double tail = 0;
+      for (int64_t t = k; t < K; ++t) tail += xd[r * K + t] * w1(i, t);
+      sums[r][i] = _mm512_reduce_add_pd(_mm512_add_pd(a[r][i][0], a[r][i][1])) + tail;
+    }
+}
+
+// One x row.
+template <class W16, class W1>
+inline void dot4_f64(const double* xd, int64_t K, int rows, W16&& wv, W1&& w1, double* sums) {
+  dot4_f64_rows<1>(xd, K, rows, wv, w1, reinterpret_cast<double(*)[kRows64]>(sums));
+}
+
+// dot4_f64_rows for nx <= kDotRows64 x rows.
+constexpr int kDotRows64 = 3;  // 24 accumulators, the weights' two vectors and a temporary
+template <class W16, class W1>
+inline void dot4_f64_nrows(int nx, const double* xd, int64_t K, int rows, W16&& wv, W1&& w1, double (*sums)[kRows64]) {
+  switch (nx) {
+    case 1: return dot4_f64_rows<1>(xd, K, rows, wv, w1, sums);
+    case 2: return dot4_f64_rows<2>(xd, K, rows, wv, w1, sums);
+    default: return dot4_f64_rows<3>(xd, K, rows, wv, w1, sums);
   }
 }
 
@@ -775,20 +799,23 @@ constexpr int64_t kBlockedRows64 = 16;
 // split over threads in tiles of kRows64. Many rows (prefill): units of a row block (about
 // 128 KB of widened x) by 16 tiles, each unit's rows widened by the thread that runs it and
 // reused from cache across its tiles (a column split would re-stream all m widened rows for
-// every tile, after a serial widening pass). Every output is one dot4 call either way, so the
-// bits do not depend on m, the path or the thread split.
+// every tile, after a serial widening pass). Each tile takes its rows kDotRows64 at a time
+// (dot4_f64_rows: every output's sum is the same whichever rows share a call), so the bits do not
+// depend on m, the path or the thread split.
 template <class Widen, class Dot4, class Out>
 void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& widen, Dot4&& dot4, Out&& out, float* y,
                      ThreadPool* pool) {
   const int64_t tiles = (N + kRows64 - 1) / kRows64;
   // Tile t for rows [r0, r1), whose widened x starts at xr.
   auto tile = [&](const double* xr, int64_t r0, int64_t r1, int64_t t) {
-    double sums[kRows64];
+    double sums[kDotRows64][kRows64];
     const int64_t n0 = t * kRows64;
     const int rows = int(std::min<int64_t>(kRows64, N - n0));
-    for (int64_t r = r0; r < r1; ++r) {
-      dot4(xr + (r - r0) * K, n0, rows, sums);
-      for (int i = 0; i < rows; ++i) y[r * N + n0 + i] = out(float(sums[i]));
+    for (int64_t r = r0; r < r1; r += kDotRows64) {
+      const int nx = int(std::min<int64_t>(kDotRows64, r1 - r));
+      dot4(xr + (r - r0) * K, nx, n0, rows, sums);
+      for (int j = 0; j < nx; ++j)
+        for (int i = 0; i < rows; ++i) y[(r + j) * N + n0 + i] = out(float(sums[j][i]));
     }
   };
   if (m >= kBlockedRows64) {
@@ -905,10 +932,10 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
   const int64_t K = w.in;
   linear_f64_rows(
       x, m, w.out, K, widen_x_bf16,
-      [&](const double* xd, int64_t n0, int rows, double* sums) {
+      [&](const double* xd, int nx, int64_t n0, int rows, double (*sums)[kRows64]) {
         const uint16_t* w0 = w.w + n0 * K;
-        dot4_f64(
-            xd, K, rows,
+        dot4_f64_nrows(
+            nx, xd, K, rows,
             [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
               // 16 bf16 = 8 dwords: the even elements are the low words, the odd the high words.
               _mm_prefetch(reinterpret_cast<const char*>(w0 + (i + kRows64) * K + k), _MM_HINT_T0);  // the next tile
@@ -1020,10 +1047,10 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
   const int64_t K = w.in;
   linear_f64_rows(
       x, m, w.out, K, widen_x,
-      [&](const double* xd, int64_t n0, int rows, double* sums) {
+      [&](const double* xd, int nx, int64_t n0, int rows, double (*sums)[kRows64]) {
         const float* w0 = w.w + n0 * K;
-        dot4_f64(
-            xd, K, rows,
+        dot4_f64_nrows(
+            nx, xd, K, rows,
             [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
               lo = _mm512_cvtps_pd(_mm256_loadu_ps(w0 + i * K + k));
               hi = _mm512_cvtps_pd(_mm256_loadu_ps(w0 + i * K + k + 8));
