@@ -247,8 +247,8 @@ void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, 
 // kernels (one thread, a conversion-bound loop: 27 -> 36 GB/s). After all weights, 32 scale
 // bytes per (panel, block) in column order. Rows past `out` are zero.
 inline int64_t n_panels(int64_t out) { return (out + kPanel - 1) / kPanel; }
-constexpr int64_t kFp8PairBytes = 64, kFp4PairBytes = 32;  // per panel and K pair (FP4: on average)
-constexpr int64_t kFp8BlockBytes = 16 * kFp8PairBytes, kFp4BlockBytes = 16 * kFp4PairBytes;
+constexpr int64_t kFp8PairBytes = 64;  // per panel and K pair
+constexpr int64_t kFp8BlockBytes = 16 * kFp8PairBytes, kFp4BlockBytes = 8 * 64;  // per panel and K block
 
 // One K pair of a repacked panel -> the bf16 pairs of columns 0-15 (w0) and 16-31 (w1).
 inline void cvt_pair_fp8(const uint8_t* chunk, const Fp8Lut& t, __m512i& w0, __m512i& w1) {
@@ -900,7 +900,7 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
   const uint8_t* packed = w.packed_layout == detail::kLayoutAvx512 ? w.packed : nullptr;
   const int64_t K = w.in, nkb = K / 32;
-  const __m512i table = e2m1_table();
+  static const __m512i table = e2m1_table();  // the checkpoint layout's (built once, not per expert call)
   static const Fp4Lut lut;
   linear_q(
       x, m, K, w.out,
