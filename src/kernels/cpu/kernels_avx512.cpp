@@ -1125,6 +1125,22 @@ inline void dot_e4m3_rows_f64(const double* xg, const uint8_t* const* rows, int 
       [&](int i, int64_t k) { return double(e4m3_to_f32(rows[i][k])) * (1.0 / 256); }, sums);
 }
 
+// dot_e4m3_rows_f64 with the block scale on the weights instead of x: sums[i] = xd . (e4m3 x s_b),
+// xd the plain widened row. Both give the products x x e4m3 x s_b exactly (28 significant bits),
+// in the same order, so the same bits; this way one widened row serves every panel. Needs
+// 256 s_b exact in fp32 (scales in [2^-40, 2^40]).
+inline void dot_e4m3_scaled_rows_f64(const double* xd, const uint8_t* const* rows, int n, int64_t K, const uint8_t* srow,
+                                     const float* e8, double* sums) {
+  dot4_f64(
+      xd, K, n,
+      [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
+        const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(rows[i] + k)), _mm512_set1_ps(256.f * e8[srow[k / 32]]));
+        lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+        hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+      },
+      [&](int i, int64_t k) { return double(e4m3_to_f32(rows[i][k])) * double(e8[srow[k / 32]]); }, sums);
+}
+
 // Several rows (prefill, batched decode): each 32-row weight group is dequantized once to fp64
 // (e4m3 x scale, the reference's exact fp32 weight) and reused by all rows, two rows and four
 // weight rows per pass. Per output the lanes, chunks and tail are summed exactly as in dot4_f64.
@@ -1585,8 +1601,9 @@ inline void certified_panel_tile(const uint16_t* xb, int64_t K, const uint8_t* p
 // certificate in 16 lanes. The bound is the GEMM layout's: |fp32 - exact| <= 2^-24 (2 trk + sum
 // |products|), sum |products| <= 448 sum_b |x block b|_1 x s_b. Products are exact in fp32 and the
 // block scalings exact when the row's nonzero |x| lie in [2^-60, 2^60] and the panel's scales in
-// [2^-40, 2^40]; other rows and panels, and outputs the bound does not settle, are recomputed by
-// the exact kernel's own code (dot_e4m3_f64 on the checkpoint rows: the same bits).
+// [2^-40, 2^40]; other rows and panels, and outputs the bound does not settle, are recomputed with
+// the exact kernel's products and order on the checkpoint rows (the same bits): from one widened
+// row per call with the scale folded into the weights, or x x scale per panel beyond that range.
 void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
@@ -1608,8 +1625,13 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
   run(pool, npanels, 1, [&](int64_t p0, int64_t p1, int) {
     int64_t settled = 0, handed = 0;
     alignas(64) float tot[4 * 4 * kPanel], trk[4 * 4 * kPanel];
-    thread_local std::vector<double> x64;  // one row x 256 x the group's scales, for recomputations
+    thread_local std::vector<double> x64;  // one row x 256 x the panel's scales (scales beyond 2^+-40)
+    thread_local std::vector<double> xwide;  // the rows widened, each on its first recomputation
+    thread_local std::vector<uint8_t> wide_ready;
     if (int64_t(x64.size()) < K) x64.resize(size_t(K));
+    if (int64_t(xwide.size()) < m * K) xwide.resize(size_t(m * K));
+    if (int64_t(wide_ready.size()) < m) wide_ready.resize(size_t(m));
+    std::fill(wide_ready.begin(), wide_ready.begin() + m, uint8_t(0));
     // The outputs of panel p, rows r0 .. r0 + M, from tot/trk at (r * P + q): certified or recomputed.
     auto finish = [&](int64_t p, int64_t r0, int M, int P, int q) {
       const uint8_t* srow = w.scale + p * nkb;
@@ -1641,14 +1663,17 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
             rest &= ~(unsigned(ok) << (16 * h));
           }
         }
-        if (rest) scale_x_f64(x + row * K, K, srow, e8, x64.data());
+        double* xr = xwide.data() + row * K;
+        if (rest && panel_ok && !wide_ready[row]) widen_x(x + row * K, K, xr), wide_ready[row] = 1;
+        if (rest && !panel_ok) scale_x_f64(x + row * K, K, srow, e8, x64.data());
         while (rest) {  // four at a time: independent chains
           const uint8_t* rows[kRows64];
           int64_t cols[kRows64];
           int n = 0;
           for (; rest && n < kRows64; rest &= rest - 1, ++n) cols[n] = n0 + __builtin_ctz(rest), rows[n] = w.w + cols[n] * K;
           double sums[kRows64];
-          dot_e4m3_rows_f64(x64.data(), rows, n, K, sums);
+          if (panel_ok) dot_e4m3_scaled_rows_f64(xr, rows, n, K, srow, e8, sums);
+          else dot_e4m3_rows_f64(x64.data(), rows, n, K, sums);
           for (int i = 0; i < n; ++i) y[row * N + cols[i]] = round_bf16(float(sums[i]));
           handed += n;
         }
