@@ -124,9 +124,10 @@ struct Shape {
 const Shape kShapes[] = {{1, 1, 32},   {1, 33, 64},  {2, 31, 96},  {3, 64, 160}, {7, 100, 320},
                          {1, 130, 256}, {64, 47, 128}, {129, 65, 96}, {8, 257, 512}, {5, 32, 1024},
                          {1, 16, 1024}, {2, 5, 2048}, {1, 200, 2048}, {2, 100, 256}, {3, 161, 128}};
-// Row counts around the repacked layout's register path (up to 16 rows) and the panel buffer's.
-// Drawn from their own generator, so the shapes above keep their data.
-const Shape kMoreShapes[] = {{4, 40, 64}, {13, 70, 256}, {16, 33, 96}, {17, 64, 64}};
+// Row counts around the repacked layout's register path (8-row passes up to 128 rows, ragged
+// last passes) and the panel buffer's. Drawn from their own generator, so the shapes above keep
+// their data.
+const Shape kMoreShapes[] = {{4, 40, 64}, {13, 70, 256}, {16, 33, 96}, {17, 64, 64}, {37, 70, 96}, {128, 40, 64}};
 
 template <class Make, class RefFn, class KernFn, class AccFn>
 void run_quant_linear(const char* name, Make make, RefFn ref_fn, KernFn kern_fn, AccFn acc_fn) {
