@@ -718,7 +718,9 @@ constexpr int kRows64 = 4;  // weight rows per inner loop
 
 // x as fp64, in order.
 void widen_x(const float* x, int64_t K, double* xd) {
-  for (int64_t k = 0; k < K; ++k) xd[k] = x[k];
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) _mm512_storeu_pd(xd + k, _mm512_cvtps_pd(_mm256_loadu_ps(x + k)));
+  for (; k < K; ++k) xd[k] = x[k];
 }
 
 // x widened to fp64 in this thread's buffer (valid until its next use on the thread).
