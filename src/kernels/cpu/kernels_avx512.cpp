@@ -733,9 +733,13 @@ const double* widened_x(const float* x, int64_t n) {
 
 // Widened x for the bf16 kernel: per 16 K, x[k + 2d] for d = 0..7, then x[k + 2d + 1].
 void widen_x_bf16(const float* x, int64_t K, double* xd) {
+  const __m512i even_odd = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16)
-    for (int d = 0; d < 8; ++d) xd[k + d] = x[k + 2 * d], xd[k + 8 + d] = x[k + 2 * d + 1];
+  for (; k + 16 <= K; k += 16) {
+    const __m512 v = _mm512_permutexvar_ps(even_odd, _mm512_loadu_ps(x + k));
+    _mm512_storeu_pd(xd + k, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    _mm512_storeu_pd(xd + k + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
+  }
   for (; k < K; ++k) xd[k] = x[k];
 }
 

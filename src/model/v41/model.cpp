@@ -184,23 +184,28 @@ void Model::engram(int layer, Ctx& c) const {
   float* kvs = sized(c.ws.y, size_t(c.R) * kv_n);
   const float dim_scale = float(std::pow(double(dim), -0.5));
   // Gather every row's embeddings, then one projection over all rows (the weight streams once).
-  for (int s = 0; s < c.R; ++s) {
-    const int32_t* ids = c.ws.hash_ids.data() + (size_t(s) * nl + li) * cols;
-    float* emb = embs + size_t(s) * emb_n;
-    for (int j = 0; j < cols; ++j) {
-      const uint8_t* row = E.table + int64_t(ids[j]) * hd;
-      const uint8_t* sc = E.table_scale + int64_t(ids[j]) * (hd / 32);
-      for (int b = 0; b < hd / 32; ++b) {
-        const float scale = e8m0_to_f32(sc[b]);
-        for (int d = b * 32; d < b * 32 + 32; ++d) emb[j * hd + d] = e4m3_to_f32(row[d]) * scale;
+  // Rows, and each row's hc gates, are independent: both loops run over the pool.
+  for_rows(c.R, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const int32_t* ids = c.ws.hash_ids.data() + (size_t(s) * nl + li) * cols;
+      float* emb = embs + size_t(s) * emb_n;
+      for (int j = 0; j < cols; ++j) {
+        const uint8_t* row = E.table + int64_t(ids[j]) * hd;
+        const uint8_t* sc = E.table_scale + int64_t(ids[j]) * (hd / 32);
+        for (int b = 0; b < hd / 32; ++b) {
+          const float scale = e8m0_to_f32(sc[b]);
+          for (int d = b * 32; d < b * 32 + 32; ++d) emb[j * hd + d] = e4m3_to_f32(row[d]) * scale;
+        }
       }
     }
-  }
+  });
   kern::linear_fp8(embs, c.R, E.wkv, kvs);
-  for (int s = 0; s < c.R; ++s) {
-    const float* kv = kvs + size_t(s) * kv_n;
-    const float* value = kv + size_t(hc) * dim;
-    for (int k = 0; k < hc; ++k) {
+  for_rows(int64_t(c.R) * hc, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t s = i / hc;
+      const int k = int(i % hc);
+      const float* kv = kvs + size_t(s) * kv_n;
+      const float* value = kv + size_t(hc) * dim;
       float* X = c.stream + (size_t(s) * hc + k) * dim;
       const float* key = kv + size_t(k) * dim;
       const float rstd = ref::rms_scale(X, dim, cfg_.norm_eps) * ref::rms_scale(key, dim, cfg_.norm_eps);
@@ -210,7 +215,7 @@ void Model::engram(int layer, Ctx& c) const {
       const float gate = ref::sigmoid(std::copysign(std::sqrt(std::max(std::fabs(g), 1e-6f)), g));
       for (int d = 0; d < dim; ++d) X[d] = round_bf16(X[d] + gate * value[d]);
     }
-  }
+  });
 }
 
 void Model::compress(int layer, Ctx& c, Segment& g, float* kv_new, float* gate_new) const {
