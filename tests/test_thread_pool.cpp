@@ -31,9 +31,30 @@ TEST(ThreadPool, CoversRangeOnceInGrainMultiples) {
           calls++;
         });
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
-        EXPECT_LE(calls.load(), 4 * threads);
+        EXPECT_LE(calls.load(), ThreadPool::kChunksPerThread * threads);
       }
   }
+}
+
+// A job may ask for more (finer) chunks: the range is still covered once, in grain multiples,
+// by exactly min(units, chunks_per_thread x threads) calls.
+TEST(ThreadPool, ChunksPerThreadSetsTheChunkCount) {
+  ThreadPool pool(2);
+  for (int cpt : {1, 4, 16})
+    for (int64_t n : {5, 100, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::atomic<int> calls{0};
+      pool.parallel_for(
+          n, 2,
+          [&](int64_t b, int64_t e, int) {
+            EXPECT_EQ(b % 2, 0);
+            for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+            calls++;
+          },
+          cpt);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
+      EXPECT_EQ(calls.load(), std::min<int64_t>((n + 1) / 2, 2 * cpt)) << "n=" << n << " chunks per thread " << cpt;
+    }
 }
 
 // Chunks are claimed dynamically: when every chunk takes a while, every thread gets some, and the

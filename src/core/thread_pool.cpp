@@ -23,10 +23,6 @@ namespace {
 // About 50-100 us of spinning before a worker sleeps: longer than the gap between two kernels of
 // one decode step, much shorter than the gap between steps of an idle server.
 constexpr int kSpinIters = 1 << 14;
-// Chunks per thread of each job, claimed dynamically: a thread that finishes early (its memory
-// traffic served faster, or the other one preempted on a shared machine) takes more chunks
-// instead of waiting. Few enough that claiming (one shared atomic) costs nothing measurable.
-constexpr int64_t kChunksPerThread = 4;
 thread_local bool t_inside_pool = false;
 
 int64_t now_ns() {
@@ -127,7 +123,7 @@ std::pair<int64_t, int64_t> ThreadPool::split(int64_t n, int64_t grain, int part
   return {std::min(n, u0 * grain), std::min(n, u1 * grain)};
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn, int chunks_per_thread) {
   if (n <= 0) return;
   Impl& p = *impl_;
   const bool single = p.n_threads == 1 || n <= std::max<int64_t>(grain, 1);
@@ -139,7 +135,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
   p.n = n;
   p.grain = grain;
   const int64_t units = (n + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1);
-  p.chunks = std::min<int64_t>(units, int64_t(p.n_threads) * kChunksPerThread);
+  p.chunks = std::min<int64_t>(units, int64_t(p.n_threads) * std::max(chunks_per_thread, 1));
   p.next_chunk.store(0, std::memory_order_relaxed);
   p.pending.store(p.n_threads - 1, std::memory_order_relaxed);
   p.generation.fetch_add(1, std::memory_order_seq_cst);

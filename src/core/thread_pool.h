@@ -41,10 +41,17 @@ class ThreadPool {
   static int default_threads();
 
   int size() const;
+  // Chunks per thread of each job, claimed dynamically: a thread that finishes early (its memory
+  // traffic served faster, or the other one preempted on a shared machine) takes more chunks
+  // instead of waiting. Few enough that claiming (one shared atomic) costs nothing measurable.
+  static constexpr int kChunksPerThread = 4;
+
   // fn(begin, end, thread_index) for disjoint ranges covering [0, n); ranges are multiples of
-  // `grain` except the last; thread_index < size(); at most 4 x size() calls. Empty ranges are
-  // not called. Returns when all ranges are done. Exceptions thrown by fn terminate (kernels do not throw).
-  void parallel_for(int64_t n, int64_t grain, RangeFn fn);
+  // `grain` except the last; thread_index < size(); at most chunks_per_thread x size() calls.
+  // Empty ranges are not called. Returns when all ranges are done. Exceptions thrown by fn
+  // terminate (kernels do not throw). Long jobs ask for more chunks: the last one claimed is
+  // what the other threads wait for.
+  void parallel_for(int64_t n, int64_t grain, RangeFn fn, int chunks_per_thread = kChunksPerThread);
 
   // Range of part t when [0, n) is split in units of `grain` into `parts` contiguous parts.
   static std::pair<int64_t, int64_t> split(int64_t n, int64_t grain, int parts, int t);
