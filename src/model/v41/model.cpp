@@ -590,14 +590,14 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
     if (m_total > m0) active[n_active] = e, first[n_active++] = m0;
   }
   first[n_active] = m_total;
-  // Decode (few rows): the experts' input rows are gathered inline (a pool job would cost more
-  // than the copy) and the shared expert is one more task of the experts' job (see for_tasks).
+  // Decode (few rows): each expert's task gathers its own input rows (a separate pool job would
+  // cost more than the copy; on the caller, the copy was serial) and the shared expert is one
+  // more task of the experts' job (see for_tasks).
   const bool decode = N <= kTaskParallelRows;
   auto gather = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) std::copy(x + size_t(rows[r]) * dim, x + size_t(rows[r] + 1) * dim, gx + size_t(r) * dim);
   };
-  if (decode) gather(0, m_total);
-  else for_rows(m_total, gather);
+  if (!decode) for_rows(m_total, gather);
   // Shared expert over every row (its output added once, after the routed ones).
   float* gs = g + slots * I;
   float* us = u + slots * I;
@@ -622,6 +622,7 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
       const int m0 = first[a], m = first[a + 1] - m0;
       float* ga = g + size_t(m0) * I;
       float* ua = u + size_t(m0) * I;
+      if (decode) gather(m0, m0 + m);
       kern::linear_fp4(gx + size_t(m0) * dim, m, X.w1, ga);
       kern::linear_fp4(gx + size_t(m0) * dim, m, X.w3, ua);
       swiglu(ga, ua, m, rw + m0);
