@@ -1137,20 +1137,38 @@ inline void dot_e4m3_rows_f64(const double* xg, const uint8_t* const* rows, int 
       [&](int i, int64_t k) { return double(e4m3_to_f32(rows[i][k])) * (1.0 / 256); }, sums);
 }
 
-// dot_e4m3_rows_f64 with the block scale on the weights instead of x: sums[i] = xd . (e4m3 x s_b),
-// xd the plain widened row. Both give the products x x e4m3 x s_b exactly (28 significant bits),
-// in the same order, so the same bits; this way one widened row serves every panel. Needs
-// 256 s_b exact in fp32 (scales in [2^-40, 2^40]).
-inline void dot_e4m3_scaled_rows_f64(const double* xd, const uint8_t* const* rows, int n, int64_t K, const uint8_t* srow,
-                                     const float* e8, double* sums) {
-  dot4_f64(
-      xd, K, n,
-      [&](int i, int64_t k, __m512d& lo, __m512d& hi) {
-        const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(rows[i] + k)), _mm512_set1_ps(256.f * e8[srow[k / 32]]));
-        lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
-        hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
-      },
-      [&](int i, int64_t k) { return double(e4m3_to_f32(rows[i][k])) * double(e8[srow[k / 32]]); }, sums);
+// One recomputation queued by the certified panels: out = x . (e4m3 row w x its block scales).
+struct E4m3Dot {
+  const double* x;       // the widened activation row
+  const uint8_t* w;      // the checkpoint weight row
+  const uint8_t* srow;   // its E8M0 block scales
+  float* out;
+};
+// dot_e4m3_rows_f64 with the block scale on the weights instead of x, for n <= kRows64 dots with
+// their own x rows and scales: sums[i] = x_i . (e4m3 x s_b), x_i the plain widened row. Both give
+// the products x x e4m3 x s_b exactly (28 significant bits) in dot4_f64's lanes, order and
+// reduction, so the same bits; one widened row serves every panel, and four outputs from
+// different rows or panels run as independent chains and memory streams (the checkpoint rows
+// they read are cold). Needs 256 s_b exact in fp32 (scales in [2^-40, 2^40]).
+inline void dot_e4m3_pairs_f64(const E4m3Dot* d, int n, int64_t K, const float* e8, double* sums) {
+  __m512d a[kRows64][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows64; ++i) a[i][0] = a[i][1] = _mm512_setzero_pd();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows64; ++i) {
+      if (i >= n) break;
+      const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(d[i].w + k)), _mm512_set1_ps(256.f * e8[d[i].srow[k / 32]]));
+      a[i][0] = _mm512_fmadd_pd(_mm512_loadu_pd(d[i].x + k), _mm512_cvtps_pd(_mm512_castps512_ps256(f)), a[i][0]);
+      a[i][1] = _mm512_fmadd_pd(_mm512_loadu_pd(d[i].x + k + 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1)), a[i][1]);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    double tail = 0;
+    for (int64_t t = k; t < K; ++t) tail += d[i].x[t] * (double(e4m3_to_f32(d[i].w[t])) * double(e8[d[i].srow[t / 32]]));
+    sums[i] = _mm512_reduce_add_pd(_mm512_add_pd(a[i][0], a[i][1])) + tail;
+  }
 }
 
 // Several rows (prefill, batched decode): each 32-row weight group is dequantized once to fp64
@@ -1644,6 +1662,15 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
     if (int64_t(xwide.size()) < m * K) xwide.resize(size_t(m * K));
     if (int64_t(wide_ready.size()) < m) wide_ready.resize(size_t(m));
     std::fill(wide_ready.begin(), wide_ready.begin() + m, uint8_t(0));
+    E4m3Dot queue[kRows64];
+    int queued = 0;
+    auto flush = [&] {
+      double sums[kRows64];
+      dot_e4m3_pairs_f64(queue, queued, K, e8, sums);
+      for (int i = 0; i < queued; ++i) *queue[i].out = round_bf16(float(sums[i]));
+      handed += queued;
+      queued = 0;
+    };
     // The outputs of panel p, rows r0 .. r0 + M, from tot/trk at (r * P + q): certified or recomputed.
     auto finish = [&](int64_t p, int64_t r0, int M, int P, int q) {
       const uint8_t* srow = w.scale + p * nkb;
@@ -1675,17 +1702,23 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
             rest &= ~(unsigned(ok) << (16 * h));
           }
         }
-        double* xr = xwide.data() + row * K;
-        if (rest && panel_ok && !wide_ready[row]) widen_x(x + row * K, K, xr), wide_ready[row] = 1;
-        if (rest && !panel_ok) scale_x_f64(x + row * K, K, srow, e8, x64.data());
+        if (rest && panel_ok) {  // queued: four recomputations from anywhere in the chunk at a time
+          double* xr = xwide.data() + row * K;
+          if (!wide_ready[row]) widen_x(x + row * K, K, xr), wide_ready[row] = 1;
+          for (; rest; rest &= rest - 1) {
+            const int64_t col = n0 + __builtin_ctz(rest);
+            queue[queued++] = {xr, w.w + col * K, srow, y + row * N + col};
+            if (queued == kRows64) flush();
+          }
+        }
+        if (rest) scale_x_f64(x + row * K, K, srow, e8, x64.data());
         while (rest) {  // four at a time: independent chains
           const uint8_t* rows[kRows64];
           int64_t cols[kRows64];
           int n = 0;
           for (; rest && n < kRows64; rest &= rest - 1, ++n) cols[n] = n0 + __builtin_ctz(rest), rows[n] = w.w + cols[n] * K;
           double sums[kRows64];
-          if (panel_ok) dot_e4m3_scaled_rows_f64(xr, rows, n, K, srow, e8, sums);
-          else dot_e4m3_rows_f64(x64.data(), rows, n, K, sums);
+          dot_e4m3_rows_f64(x64.data(), rows, n, K, sums);
           for (int i = 0; i < n; ++i) y[row * N + cols[i]] = round_bf16(float(sums[i]));
           handed += n;
         }
@@ -1711,6 +1744,7 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
       for (int64_t j = 0; j < (P > 1 ? part : 0); ++j) tile(p0 + j, part, P);
       for (int64_t p = p0 + (P > 1 ? P * part : 0); p < p1; ++p) tile(p, 1, 1);
     }
+    if (queued) flush();
     detail::certified_outputs.fetch_add(settled, std::memory_order_relaxed);
     detail::certified_fallbacks.fetch_add(handed, std::memory_order_relaxed);
   });
