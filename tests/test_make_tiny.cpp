@@ -254,6 +254,23 @@ TEST(MakeTiny, ShardedOutputLoadsAndEqualsSingleFile) {
   EXPECT_EQ(l1, l2);
 }
 
+// A set cancel flag stops a load with LoadCancelled (not a checkpoint error), at its first stage
+// and, for a load already past binding, between the repacked weights.
+TEST(MakeTiny, LoadStopsWhenCancelled) {
+  TempDir tmp("cancel");
+  make("tiny", tmp.str("m"));
+  std::atomic<bool> cancel{true};
+  LoadOptions lo;
+  lo.cancel = &cancel;
+  EXPECT_THROW(Model::load(tmp.str("m"), lo), LoadCancelled);
+  const Checkpoint ck = Checkpoint::open(tmp.str("m"));
+  const V41Config cfg = V41Config::from_hf_file((tmp.path / "m" / "config.json").string());
+  ModelWeights w = bind_weights(ck, cfg);
+  EXPECT_THROW(repack_weights(w, nullptr, &cancel), LoadCancelled);
+  cancel = false;
+  EXPECT_NO_THROW(Model::load(tmp.str("m"), lo));
+}
+
 // The stored codes obey the scale rules of the golden README, and values have the intended spread.
 TEST(MakeTiny, QuantizationFollowsTheScaleRules) {
   TempDir tmp("quant");

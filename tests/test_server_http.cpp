@@ -46,7 +46,7 @@ struct TestServer {
     if (tweak) tweak(so);
     engine = std::make_shared<FakeEngine>(std::move(fo));
     auto eng = engine;
-    srv = std::make_unique<server::Server>(so, [eng, gate] {
+    srv = std::make_unique<server::Server>(so, [eng, gate](const std::atomic<bool>&) {
       if (gate.valid()) gate.wait();
       server::LoadedModel lm;
       lm.engine = eng;
@@ -136,6 +136,29 @@ TEST(ServerHttp, HealthIs503WhileLoading) {
   release.set_value();
   ts.wait_ready();
   EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
+}
+
+// A shutdown while the model loads reaches the loader (which gives up), instead of waiting out the
+// load and then serving; the server ends stopped, neither ready nor failed.
+TEST(ServerHttp, StopWhileLoadingCancelsTheLoad) {
+  server::ServerOptions so;
+  so.http.port = 0;
+  std::atomic<bool> loader_started{false}, saw_cancel{false};
+  server::Server srv(so, [&](const std::atomic<bool>& cancel) -> server::LoadedModel {
+    loader_started = true;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!cancel && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    saw_cancel = cancel.load();
+    throw std::runtime_error("cancelled by the test loader");
+  });
+  srv.start();
+  while (!loader_started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  srv.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_TRUE(saw_cancel);
+  EXPECT_FALSE(srv.ready());
+  EXPECT_FALSE(srv.failed());  // a cancelled load is not a load error
 }
 
 TEST(ServerHttp, ApiKey) {

@@ -40,7 +40,7 @@ void raise_fd_limit() {
   }
 }
 
-server::LoadedModel load_model(const ServeArgs& a, const std::string& dir) {
+server::LoadedModel load_model(const ServeArgs& a, const std::string& dir, const std::atomic<bool>& cancel) {
   namespace fs = std::filesystem;
   uint64_t bytes = 0;
   int files = 0;
@@ -65,6 +65,7 @@ server::LoadedModel load_model(const ServeArgs& a, const std::string& dir) {
   try {
     v41::LoadOptions lo;
     lo.tokenizer_path = a.tokenizer;
+    lo.cancel = &cancel;  // a signal while loading stops the load instead of waiting it out
     model = v41::Model::load(dir, lo);
   } catch (...) {
     {
@@ -123,7 +124,7 @@ void run(ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  server::Server srv(a.server, [&a, dir] { return load_model(a, dir); });
+  server::Server srv(a.server, [&a, dir](const std::atomic<bool>& cancel) { return load_model(a, dir, cancel); });
   srv.start();
   timespec tick{0, 200 * 1000 * 1000};
   for (;;) {

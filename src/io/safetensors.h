@@ -30,6 +30,11 @@ struct LoadError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A load stopped on request (shutdown while loading), not because of a bad checkpoint.
+struct LoadCancelled : LoadError {
+  using LoadError::LoadError;
+};
+
 struct TensorView {
   std::string name;
   DType dtype{};

@@ -38,7 +38,11 @@ void Server::start() {
   spdlog::info("listening on http://{}:{} ({} io threads)", opt_.http.host, http_->port(), opt_.http.io_threads);
   loader_thread_ = std::thread([this] {
     try {
-      LoadedModel lm = loader_();
+      LoadedModel lm = loader_(cancel_load_);
+      if (cancel_load_) {
+        spdlog::info("model loaded after shutdown was requested: not serving it");
+        return;
+      }
       auto ctx = std::make_shared<ServingContext>();
       ctx->engine = std::move(lm.engine);
       ctx->model = std::move(lm.model);
@@ -57,6 +61,10 @@ void Server::start() {
       State expected = State::Loading;
       if (state_.compare_exchange_strong(expected, State::Ready)) spdlog::info("model ready: serving '{}'", opt_.served_model_name);
     } catch (const std::exception& e) {
+      if (cancel_load_) {
+        spdlog::info("model loading stopped: {}", e.what());
+        return;
+      }
       {
         std::lock_guard lk(mu_);
         load_error_ = e.what();
@@ -68,6 +76,7 @@ void Server::start() {
 }
 
 void Server::stop() {
+  cancel_load_ = true;
   if (loader_thread_.joinable()) loader_thread_.join();
   std::shared_ptr<const ServingContext> ctx;
   {

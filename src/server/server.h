@@ -33,7 +33,9 @@ struct LoadedModel {
   std::shared_ptr<engine::Engine> engine;
   ModelContext model;
 };
-using ModelLoader = std::function<LoadedModel()>;
+// Runs on the loader thread. `cancel` turns true when the server stops before the load is done: a
+// long load should check it and give up (throwing anything); a result returned anyway is dropped.
+using ModelLoader = std::function<LoadedModel(const std::atomic<bool>& cancel)>;
 
 class Server {
  public:
@@ -45,7 +47,8 @@ class Server {
   bool ready() const { return state_.load() == State::Ready; }
   bool failed() const { return state_.load() == State::Failed; }
   std::string load_error() const;
-  // Shuts the engine down (running requests end as cancelled), then closes connections.
+  // Shuts the engine down (running requests end as cancelled), then closes connections. While the
+  // model is still loading, asks the loader to stop and waits for it.
   void stop();
 
   void handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex);
@@ -62,6 +65,7 @@ class Server {
   mutable std::mutex mu_;
   std::shared_ptr<const struct ServingContext> serving_;  // set once loaded
   std::string load_error_;
+  std::atomic<bool> cancel_load_{false};
   std::thread loader_thread_;
 };
 

@@ -113,18 +113,24 @@ struct Model::Ctx {
 
 std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptions& opts) {
   namespace fs = std::filesystem;
+  auto check_cancel = [&] {
+    if (opts.cancel && opts.cancel->load(std::memory_order_relaxed)) throw LoadCancelled(model_dir + ": model loading cancelled");
+  };
   std::unique_ptr<Model> m(new Model());
   const std::string config_path = (fs::path(model_dir) / "config.json").string();
   if (!fs::exists(config_path)) throw LoadError(model_dir + ": no config.json (not a model directory)");
   m->cfg_ = V41Config::from_hf_file(config_path);
   m->cfg_.validate(config_path);
+  check_cancel();
   m->ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(model_dir));
+  check_cancel();
   validate_v41_checkpoint(*m->ckpt_, m->cfg_);
   m->w_ = bind_weights(*m->ckpt_, m->cfg_);
   {
     ThreadPool pool(ThreadPool::default_threads());
-    m->packed_ = repack_weights(m->w_, &pool);
+    m->packed_ = repack_weights(m->w_, &pool, opts.cancel);
   }
+  check_cancel();
   m->policy_ = opts.index_key_policy;
   const auto& c = m->cfg_;
   if (!c.engram_layer_ids.empty()) {

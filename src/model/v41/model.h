@@ -6,6 +6,7 @@
 // query's absolute position alone. docs/forward-pass.md maps each step to the official reference.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,6 +28,9 @@ enum class IndexKeyPolicy { PerSource, Reference };
 struct LoadOptions {
   std::string tokenizer_path;  // tokenizer.json for the Engram token map; default MODEL_DIR/tokenizer.json
   IndexKeyPolicy index_key_policy = IndexKeyPolicy::PerSource;
+  // Set from another thread to stop a load early (a server shut down while loading): checked
+  // between the load's stages and between weights, then LoadCancelled is thrown.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // Optional taps into the forward pass (tests, debugging). Stream arguments are [S][hc][dim]
@@ -102,7 +106,8 @@ struct Workspace {
 
 class Model {
  public:
-  // Loads MODEL_DIR (config.json + safetensors). Validates config and tensors; throws LoadError.
+  // Loads MODEL_DIR (config.json + safetensors). Validates config and tensors; throws LoadError
+  // (LoadCancelled when opts.cancel was set).
   static std::unique_ptr<Model> load(const std::string& model_dir, const LoadOptions& opts = {});
 
   const V41Config& config() const { return cfg_; }

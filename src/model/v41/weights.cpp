@@ -122,7 +122,10 @@ ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& c) {
 size_t code_bytes(const ref::Fp8Weight& w) { return size_t(w.out * w.in); }
 size_t code_bytes(const ref::Fp4Weight& w) { return size_t(w.out * w.in / 2); }
 
-HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
+HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool, const std::atomic<bool>* cancel) {
+  auto check_cancel = [cancel] {
+    if (cancel && cancel->load(std::memory_order_relaxed)) throw LoadCancelled("model loading cancelled");
+  };
   std::vector<ref::Fp8Weight*> fp8, fp8_kept;  // kept: repacked and still read in the checkpoint layout
   std::vector<ref::Fp4Weight*> fp4;
   // Dense weights a decode step streams in full, copied as they are: from the file mapping's
@@ -171,6 +174,7 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
   HugeBuffer buf(total);
   uint8_t* at = buf.data();
   auto place = [&](auto* w, size_t n) {
+    check_cancel();
     if (!n) return;
     kern::pack_weight(*w, at, pool);
     at += round_up(n);
@@ -180,6 +184,7 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool) {
   for (size_t i = 0; i < fp4.size(); ++i) place(fp4[i], fp4_bytes[i]);
   for (size_t i = 0; i < fp8_kept.size(); ++i)
     if (kept_bytes[i]) {
+      check_cancel();
       kern::pack_weight_dequant(*fp8_kept[i], at, pool);
       at += round_up(kept_bytes[i]);
     }

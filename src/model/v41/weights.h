@@ -2,6 +2,7 @@
 // point into the memory-mapped safetensors files until repack_weights moves the streamed ones.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -88,7 +89,7 @@ ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& cfg);
 // pages all of them came from, so resident memory stays about one copy; wo_a alone is kept in
 // both layouts where its certified kernel reads the repacked one (kern::packed_bytes_dequant): its
 // exact recomputations read the checkpoint rows. Returns the buffer (huge pages where the kernel
-// allows).
-HugeBuffer repack_weights(ModelWeights& w, ThreadPool* pool);
+// allows). A set `cancel` stops it between weights with LoadCancelled.
+HugeBuffer repack_weights(ModelWeights& w, ThreadPool* pool, const std::atomic<bool>* cancel = nullptr);
 
 }  // namespace di::v41
