@@ -190,18 +190,19 @@ void Model::engram(int layer, Ctx& c) const {
   float* kvs = sized(c.ws.y, size_t(c.R) * kv_n);
   const float dim_scale = float(std::pow(double(dim), -0.5));
   // Gather every row's embeddings, then one projection over all rows (the weight streams once).
-  // Rows, and each row's hc gates, are independent: both loops run over the pool.
-  for_rows(c.R, [&](int64_t s0, int64_t s1) {
-    for (int64_t s = s0; s < s1; ++s) {
-      const int32_t* ids = c.ws.hash_ids.data() + (size_t(s) * nl + li) * cols;
-      float* emb = embs + size_t(s) * emb_n;
-      for (int j = 0; j < cols; ++j) {
-        const uint8_t* row = E.table + int64_t(ids[j]) * hd;
-        const uint8_t* sc = E.table_scale + int64_t(ids[j]) * (hd / 32);
-        for (int b = 0; b < hd / 32; ++b) {
-          const float scale = e8m0_to_f32(sc[b]);
-          for (int d = b * 32; d < b * 32 + 32; ++d) emb[j * hd + d] = e4m3_to_f32(row[d]) * scale;
-        }
+  // The gathered (row, column) embeddings, and each row's hc gates, are independent: both loops
+  // run over the pool (per embedding, not per row, so that a single decode row is split too).
+  for_rows(int64_t(c.R) * cols, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t s = i / cols;
+      const int j = int(i % cols);
+      const int32_t id = c.ws.hash_ids[(size_t(s) * nl + li) * cols + size_t(j)];
+      float* emb = embs + size_t(s) * emb_n + size_t(j) * hd;
+      const uint8_t* row = E.table + int64_t(id) * hd;
+      const uint8_t* sc = E.table_scale + int64_t(id) * (hd / 32);
+      for (int b = 0; b < hd / 32; ++b) {
+        const float scale = e8m0_to_f32(sc[b]);
+        for (int d = b * 32; d < b * 32 + 32; ++d) emb[d] = e4m3_to_f32(row[d]) * scale;
       }
     }
   });
