@@ -544,9 +544,10 @@ void linear_q_panels(const uint16_t* xq, const float* sa, int64_t m, int64_t K, 
 
 // Up to this many rows, repacked weights go through linear_q1_packed (converted in registers for
 // every 8 rows, no panel buffer). Measured on two threads, its 8-row passes beat the buffered
-// microkernel up to 128 rows (FP8 4096 x 1024: m = 32 678 -> 564 us, m = 128 2381 -> 2071 us) and
-// tie with it at 256-512.
-constexpr int64_t kFusedRows = 128;
+// microkernel up to 128 rows (FP8 4096 x 1024: m = 32 678 -> 564 us, m = 128 2381 -> 2071 us);
+// against the 8-row microkernel (2026-12-06) still at 192-256 rows (FP8 4096 x 1024 m = 256:
+// 3613 vs 3765 us, 1024 x 4096: 3512 vs 3832; FP4 expert shapes tie), and they tie at 384-512.
+constexpr int64_t kFusedRows = 256;
 
 // The shared FP8/FP4 driver. pack(n0, nvalid, kb0, kb1, panel) converts a panel's weights;
 // scales(n0, nvalid, kb0, kb1, sw) writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
