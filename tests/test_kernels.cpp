@@ -653,7 +653,8 @@ TEST(Kernels, LinearFp8DequantCertified) {
                               Shape{26, 200, 2048}, Shape{29, 70, 192},  // the GEMM layout from m = 12: ragged row tiles and groups
                               Shape{11, 40, 256}, Shape{12, 40, 256},  // the two sides of the switch
                               Shape{4, 96, 128}, Shape{6, 130, 256}, Shape{8, 512, 2048}, Shape{16, 70, 128},  // repacked: 4-row
-                              Shape{32, 40, 128}, Shape{7, 288, 64}}) {  // blocks, 2 x 2 and 1 x 4 panel passes; its switch
+                              Shape{32, 40, 128}, Shape{7, 288, 64},  // blocks, 2 x 2 and 1 x 4 panel passes; its switch
+                              Shape{33, 40, 128}}) {  // the GEMM layout: five 6-row tiles and a 3-row one
         auto w = make_fp8(g, s.n, s.k, extreme);
         auto x = make_activations(g, s.m * s.k, extreme);
         for (auto& v : x) v = round_bf16(v);
