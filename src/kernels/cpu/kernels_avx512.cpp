@@ -1072,11 +1072,11 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
   // step 17.76 -> 17.13 and 17.69 -> 17.15 ms; medium 51.6 -> 50.0 ms).
   constexpr int head_chunks = 16;
   const int64_t K = w.in, N = w.out, nc = (K + 31) / 32;
-  // x rows on 64-byte boundaries: every x load of the tiles is then one cache line, not two (a
-  // heap vector is only 16-byte aligned; with split loads 8-16 rows ran 1.4-1.6x slower).
+  // x rows (multiples of 64 bytes) on cache lines: every x load of the tiles is one line, not two
+  // (from a 16-byte-aligned heap vector, split loads made 8-16 rows 1.4-1.6x slower).
   thread_local AlignedVector<uint16_t> xs;
-  if (int64_t(xs.size()) < m * nc * 32 + 32) xs.resize(size_t(m * nc * 32 + 32));
-  uint16_t* xb = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xs.data()) + 63) & ~uintptr_t(63));
+  if (int64_t(xs.size()) < m * nc * 32) xs.resize(size_t(m * nc * 32));
+  uint16_t* xb = xs.data();
   for (int64_t r = 0; r < m; ++r) {
     uint16_t* row = xb + r * nc * 32;
     for (int64_t k = 0; k < K; ++k) {
@@ -1091,8 +1091,8 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
   // Above 6 rows with K <= 1024, one pass of up to 8 rows (3 weight rows: 24 accumulators) reads
   // each weight chunk once instead of twice (6 + 2 rows) and keeps the x block (16 KB) in L1; with
   // longer rows that block no longer fits beside the weights (K = 2048: slower), so 4 x 6 stays.
-  // Same-process A/B, two threads, 129280 x 1024: 8 rows 5.44 -> 4.52 ms, 16 rows 9.12 -> 7.82 ms,
-  // 32 rows 19.4 -> 19.8 (noise).
+  // Two threads, 129280 x 1024, variants interleaved in one process, x aligned: 8 rows 6.31 ->
+  // 5.42 ms; 16 and 32 rows tie.
   const bool wide = m > 6 && K <= 1024;
   constexpr int R = 4, R_wide = 3;
   const int r_tile = wide ? R_wide : R;
