@@ -1504,7 +1504,7 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
     thread_local AlignedVector<uint32_t> panel, columns;  // [pairs][32] and the same as [32][pairs]
     thread_local AlignedVector<double> xrow, wrow;        // one row of each in fp64 (out-of-range hand-overs)
     // (row, column in group, products exact in fp32) to recompute
-    thread_local AlignedVector<std::tuple<int64_t, int, bool>> handed_list;
+    thread_local std::vector<std::tuple<int64_t, int, bool>> handed_list;
     thread_local AlignedVector<double> gscale;  // the group's block scales
     if (int64_t(gscale.size()) < nkb) gscale.resize(size_t(nkb));
     if (int64_t(panel.size()) < pairs * kPanel) panel.resize(size_t(pairs * kPanel)), columns.resize(size_t(pairs * kPanel));
@@ -1514,8 +1514,10 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
       const uint8_t* srow = w.scale + grp * nkb;
       const int64_t n0 = grp * 32, nvalid = std::min<int64_t>(32, N - n0);
       float smin = INFINITY, smax = 0.f;
-      for (int64_t kb = 0; kb < nkb; ++kb) smin = std::min(smin, e8[srow[kb]]), smax = std::max(smax, e8[srow[kb]]);
-      for (int64_t kb = 0; kb < nkb; ++kb) gscale[size_t(kb)] = e8[srow[kb]];
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        gscale[size_t(kb)] = e8[srow[kb]];
+        smin = std::min(smin, e8[srow[kb]]), smax = std::max(smax, e8[srow[kb]]);
+      }
       const bool scales_ok = smin >= 0x1p-40f && smax <= 0x1p40f;
       if (scales_ok) {
         pack_fp8(w.w, K, n0, int(nvalid), 0, nkb, lut, panel.data());
@@ -1685,7 +1687,7 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
   const int64_t K = w.in, N = w.out, nkb = K / 32, npanels = n_panels(N), panel_bytes = dequant_panel_bytes(w);
   thread_local AlignedVector<uint16_t> xbf_tl;
   thread_local AlignedVector<float> xabs_tl;
-  thread_local AlignedVector<uint8_t> row_ok_tl;
+  thread_local std::vector<uint8_t> row_ok_tl;
   if (int64_t(xbf_tl.size()) < m * K) xbf_tl.resize(size_t(m * K));
   if (int64_t(xabs_tl.size()) < m * nkb) xabs_tl.resize(size_t(m * nkb));
   if (int64_t(row_ok_tl.size()) < m) row_ok_tl.resize(size_t(m));
@@ -1702,7 +1704,7 @@ void fp8_dequant_certified_panels(const float* x, int64_t m, const ref::Fp8Weigh
     alignas(64) float tot[4 * 4 * kPanel], trk[4 * 4 * kPanel];
     thread_local AlignedVector<double> x64;  // one row x 256 x the panel's scales (scales beyond 2^+-40)
     thread_local AlignedVector<double> xwide;  // the rows widened, each on its first recomputation
-    thread_local AlignedVector<uint8_t> wide_ready;
+    thread_local std::vector<uint8_t> wide_ready;
     if (int64_t(x64.size()) < K) x64.resize(size_t(K));
     if (int64_t(xwide.size()) < m * K) xwide.resize(size_t(m * K));
     if (int64_t(wide_ready.size()) < m) wide_ready.resize(size_t(m));

@@ -113,9 +113,7 @@ struct Model::Ctx {
 
 std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptions& opts) {
   namespace fs = std::filesystem;
-  auto check_cancel = [&] {
-    if (opts.cancel && opts.cancel->load(std::memory_order_relaxed)) throw LoadCancelled(model_dir + ": model loading cancelled");
-  };
+  auto check_cancel = [&] { throw_if_cancelled(opts.cancel, model_dir); };
   std::unique_ptr<Model> m(new Model());
   const std::string config_path = (fs::path(model_dir) / "config.json").string();
   if (!fs::exists(config_path)) throw LoadError(model_dir + ": no config.json (not a model directory)");

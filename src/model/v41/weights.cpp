@@ -122,10 +122,12 @@ ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& c) {
 size_t code_bytes(const ref::Fp8Weight& w) { return size_t(w.out * w.in); }
 size_t code_bytes(const ref::Fp4Weight& w) { return size_t(w.out * w.in / 2); }
 
+void throw_if_cancelled(const std::atomic<bool>* cancel, const std::string& what) {
+  if (cancel && cancel->load(std::memory_order_relaxed)) throw LoadCancelled(what + ": model loading cancelled");
+}
+
 HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool, const std::atomic<bool>* cancel) {
-  auto check_cancel = [cancel] {
-    if (cancel && cancel->load(std::memory_order_relaxed)) throw LoadCancelled("model loading cancelled");
-  };
+  auto check_cancel = [cancel] { throw_if_cancelled(cancel, "repacking weights"); };
   std::vector<ref::Fp8Weight*> fp8, fp8_kept;  // kept: repacked and still read in the checkpoint layout
   std::vector<ref::Fp4Weight*> fp4;
   // Dense weights a decode step streams in full, copied as they are: from the file mapping's

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/huge_buffer.h"
@@ -91,5 +92,8 @@ ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& cfg);
 // exact recomputations read the checkpoint rows. Returns the buffer (huge pages where the kernel
 // allows). A set `cancel` stops it between weights with LoadCancelled.
 HugeBuffer repack_weights(ModelWeights& w, ThreadPool* pool, const std::atomic<bool>* cancel = nullptr);
+
+// Throws LoadCancelled ("WHAT: model loading cancelled") when `cancel` is set (null: never).
+void throw_if_cancelled(const std::atomic<bool>* cancel, const std::string& what);
 
 }  // namespace di::v41
