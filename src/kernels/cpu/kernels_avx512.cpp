@@ -263,25 +263,24 @@ inline void cvt_pair_fp8(const uint8_t* chunk, const Fp8Lut& t, __m512i& w0, __m
   w0 = _mm512_unpacklo_epi8(lo, hi);
   w1 = _mm512_unpackhi_epi8(lo, hi);
 }
-// Low and high bytes of bf16(E2M1 code), 16 entries per 128-bit lane (vpshufb's tables).
+// bf16(E2M1 code) for word indices 0-31 (vpermw reads five index bits; entry i is code i & 15).
 struct Fp4Lut {
-  __m512i lo, hi;
+  __m512i bf16;
   Fp4Lut() {
-    alignas(64) uint8_t l[64], h[64];
-    for (int i = 0; i < 64; ++i) {
-      const uint16_t b = f32_to_bf16(e2m1_to_f32(uint8_t(i & 15)));  // exact
-      l[i] = uint8_t(b & 0xff), h[i] = uint8_t(b >> 8);
-    }
-    lo = _mm512_loadu_si512(l), hi = _mm512_loadu_si512(h);
+    alignas(64) uint16_t t[32];
+    for (int i = 0; i < 32; ++i) t[i] = f32_to_bf16(e2m1_to_f32(uint8_t(i & 15)));  // exact
+    bf16 = _mm512_loadu_si512(t);
   }
 };
 // Pair `pair` of a repacked FP4 panel at base -> the bf16 pairs of columns 0-15 (w0) and 16-31 (w1).
+// Pairs 2j and 2j + 1 share 64 bytes; word 2i + e holds element e of the pair in column i (nibble 0:
+// pair 2j, nibble 2: pair 2j + 1) and in column 16 + i (nibbles 1 and 3). A shift puts the nibble
+// in the low bits and one word lookup per vector decodes it, with no byte-to-word expansion.
 inline void cvt_pair_fp4(const uint8_t* base, int64_t pair, const Fp4Lut& t, __m512i& w0, __m512i& w1) {
   const __m512i b = _mm512_loadu_si512(base + (pair >> 1) * 64);
-  const __m512i codes = _mm512_and_si512(pair & 1 ? _mm512_srli_epi16(b, 4) : b, _mm512_set1_epi8(0x0f));
-  const __m512i lo = _mm512_shuffle_epi8(t.lo, codes), hi = _mm512_shuffle_epi8(t.hi, codes);
-  w0 = _mm512_unpacklo_epi8(lo, hi);
-  w1 = _mm512_unpackhi_epi8(lo, hi);
+  const __m512i lo = pair & 1 ? _mm512_srli_epi16(b, 8) : b;
+  w0 = _mm512_permutexvar_epi16(lo, t.bf16);
+  w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(lo, 4), t.bf16);
 }
 // 16 E8M0 codes -> fp32 scales.
 inline __m512 e8m0x16_ps(const uint8_t* p) {
@@ -586,6 +585,7 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
   for (int64_t kb = 0; kb < nkb; ++kb) {
     __m512 acc[M][P][2];
     zero_tile(acc);
+#pragma GCC unroll 2
     for (int j = 0; j < 16; ++j) {
       __m512bh xv[M];
 #pragma GCC unroll 16
@@ -2492,11 +2492,10 @@ void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
         std::memset(block, 0, size_t(kFp4BlockBytes));
         for (int col = 0; col < kPanel; ++col) {
           const int64_t n = p * kPanel + col;
-          const int half = col / 16, L = (col % 16) / 4, q = col % 4;
-          for (int j = 0; n < w.out && j < 16; ++j) {
+          for (int j = 0; n < w.out && j < 16; ++j) {  // pair j: cvt_pair_fp4's order
             const uint8_t codes = w.w[n * row_bytes + kb * 16 + j];  // elements 2j (low nibble), 2j + 1
             for (int e = 0; e < 2; ++e)
-              block[(j / 2) * 64 + 16 * L + 8 * half + 2 * q + e] |= uint8_t(((codes >> (4 * e)) & 15) << (4 * (j % 2)));
+              block[(j / 2) * 64 + 2 * (2 * (col % 16) + e) + (j % 2)] |= uint8_t(((codes >> (4 * e)) & 15) << (4 * (col / 16)));
           }
           scales[(p * nkb + kb) * kPanel + col] = n < w.out ? w.scale[n * nkb + kb] : 127;
         }
