@@ -282,6 +282,13 @@ inline void cvt_pair_fp4(const uint8_t* base, int64_t pair, const Fp4Lut& t, __m
   w0 = _mm512_permutexvar_epi16(lo, t.bf16);
   w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(lo, 4), t.bf16);
 }
+// cvt_pair_fp4 for the m <= 8 kernels; kPairsShareLoad has them step two pairs at a time, so the
+// parity (which nibbles) is known at compile time.
+struct Fp4PairCvt {
+  static constexpr bool kPairsShareLoad = true;
+  const Fp4Lut& lut;
+  void operator()(const uint8_t* base, int64_t pair, __m512i& w0, __m512i& w1) const { cvt_pair_fp4(base, pair, lut, w0, w1); }
+};
 // 16 E8M0 codes -> fp32 scales.
 inline __m512 e8m0x16_ps(const uint8_t* p) {
   return e8m0_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -585,8 +592,7 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
   for (int64_t kb = 0; kb < nkb; ++kb) {
     __m512 acc[M][P][2];
     zero_tile(acc);
-#pragma GCC unroll 2
-    for (int j = 0; j < 16; ++j) {
+    auto pair_step = [&](int j) __attribute__((always_inline)) {
       __m512bh xv[M];
 #pragma GCC unroll 16
       for (int r = 0; r < M; ++r) xv[r] = bcast_pair(xq + r * K + kb * 32 + 2 * j);
@@ -601,6 +607,11 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
           acc[r][q][1] = _mm512_dpbf16_ps(acc[r][q][1], (__m512bh)w1, xv[r]);
         }
       }
+    };
+    if constexpr (requires { Cvt::kPairsShareLoad; }) {  // two pairs per step: the parity is known
+      for (int j = 0; j < 16; j += 2) pair_step(j), pair_step(j + 1);
+    } else {
+      for (int j = 0; j < 16; ++j) pair_step(j);
     }
     __m512 s[P][2];
 #pragma GCC unroll 16
@@ -946,7 +957,7 @@ void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, Th
       [&](const uint16_t* xq, const float* sa) {
         if (!packed) return false;
         const uint8_t* ps = packed + n_panels(w.out) * nkb * kFp4BlockBytes;
-        auto cvt = [&](const uint8_t* base, int64_t pair, __m512i& w0, __m512i& w1) { cvt_pair_fp4(base, pair, lut, w0, w1); };
+        Fp4PairCvt cvt{lut};
         auto scale = [&](int64_t panel, int64_t kb, __m512& s0, __m512& s1) {
           const uint8_t* c = ps + (panel * nkb + kb) * kPanel;
           s0 = e8m0x16_ps(c);
