@@ -226,6 +226,19 @@ TEST(BenchModel, ReportHasEveryField) {
       EXPECT_LE(pj[k].get<double>(), 1.0 + 1e-9) << k;
     }
     EXPECT_GT(pj["worker_busy_share"].get<double>(), 0);
+    // Phases: the model's timed scopes plus "other"; the shares partition the timed time.
+    ASSERT_TRUE(t.contains("phases")) << t["name"];
+    std::set<std::string> phases;
+    double share_sum = 0;
+    for (const auto& p : t["phases"]) {
+      phases.insert(p["name"].get<std::string>());
+      EXPECT_GE(p["share"].get<double>(), 0);
+      EXPECT_GE(p[t["kind"] == "pp" ? "ms_per_chunk" : "ms_per_step"].get<double>(), 0);
+      share_sum += p["share"].get<double>();
+    }
+    for (const char* k : {"attn.projections", "attn.core", "attn.wo_a", "moe.router", "moe.experts", "mhc.coefficients", "head", "other"})
+      EXPECT_TRUE(phases.count(k)) << t["name"] << ": " << k;
+    EXPECT_NEAR(share_sum, 1.0, 1e-6) << t["name"];
     if (t["kind"] == "tg") {
       EXPECT_DOUBLE_EQ(t["distinct_experts_per_layer"].get<double>(), model.config().n_activated_experts);
     }
@@ -238,6 +251,7 @@ TEST(BenchModel, ReportHasEveryField) {
   const std::string table = report_table(r);
   EXPECT_NE(table.find("tg4 B3"), std::string::npos);
   EXPECT_NE(table.find("roofline"), std::string::npos);
+  EXPECT_NE(table.find("| attn.core"), std::string::npos);
 
   o.reps = 0;
   EXPECT_THROW(run_model_bench(model, info, o), std::invalid_argument);

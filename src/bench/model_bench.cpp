@@ -9,6 +9,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "core/phase_profile.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/kernels.h"
 
@@ -127,11 +128,19 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
   // Time accounting of the pool over each test's timed samples (off outside them).
   ThreadPool* pool = pool_scope.pool.get();
   auto pool_begin = [&] {
+    phase::record(true);
     if (!pool) return;
     pool->reset_timing();
     pool->set_timing(true);
   };
   auto pool_end = [&](TestResult& r, double timed_s, double units) {
+    phase::record(false);
+    double attributed = 0;
+    for (const phase::Total& p : phase::totals()) {
+      r.phases.push_back({p.name, p.seconds / units, p.seconds / timed_s});
+      attributed += p.seconds;
+    }
+    r.phases.push_back({"other", std::max(0.0, timed_s - attributed) / units, std::max(0.0, 1 - attributed / timed_s)});
     if (!pool) return;
     pool->set_timing(false);
     const ThreadPool::Timing t = pool->timing();
@@ -357,11 +366,50 @@ nlohmann::json report_json(const BenchReport& r) {
                     {"caller_serial_share", t.caller_serial_share},
                     {"caller_wait_share", t.caller_wait_share},
                     {"worker_busy_share", t.worker_busy_share}};
+    json phases = json::array();
+    for (const auto& p : t.phases)
+      phases.push_back({{"name", p.name}, {"ms_per_" + std::string(t.kind == "pp" ? "chunk" : "step"), 1e3 * p.seconds_per_unit},
+                        {"share", p.share}});
+    tj["phases"] = std::move(phases);
     tests.push_back(std::move(tj));
   }
   j["tests"] = tests;
   return j;
 }
+
+namespace {
+// Phases as rows, tests as columns: ms per step (tg, batch) or per chunk (pp), and the share.
+std::string phase_table(const BenchReport& r) {
+  std::vector<std::string> names;  // first-seen order across the tests
+  for (const auto& t : r.tests)
+    for (const auto& p : t.phases)
+      if (std::find(names.begin(), names.end(), p.name) == names.end()) names.push_back(p.name);
+  if (names.empty()) return "";
+  char buf[128];
+  std::string out = "\nphases: wall time of the calling thread (self time), mean ms per step or chunk (% of the timed time)\n\n";
+  std::snprintf(buf, sizeof buf, "| %-22s |", "phase");
+  out += buf;
+  for (const auto& t : r.tests) {
+    std::snprintf(buf, sizeof buf, " %11s @%-5lld |", t.name.c_str(), static_cast<long long>(t.depth));
+    out += buf;
+  }
+  out += "\n|------------------------|";
+  for (size_t i = 0; i < r.tests.size(); ++i) out += "--------------------:|";
+  out += "\n";
+  for (const auto& name : names) {
+    std::snprintf(buf, sizeof buf, "| %-22s |", name.c_str());
+    out += buf;
+    for (const auto& t : r.tests) {
+      const auto it = std::find_if(t.phases.begin(), t.phases.end(), [&](const auto& p) { return p.name == name; });
+      if (it == t.phases.end()) std::snprintf(buf, sizeof buf, " %19s |", "-");
+      else std::snprintf(buf, sizeof buf, " %10.3f (%5.1f %%) |", 1e3 * it->seconds_per_unit, 100 * it->share);
+      out += buf;
+    }
+    out += "\n";
+  }
+  return out;
+}
+}  // namespace
 
 std::string report_table(const BenchReport& r) {
   std::string out;
@@ -400,6 +448,7 @@ std::string report_table(const BenchReport& r) {
                   100 * t.efficiency, t.roofline.compute_bound() ? "compute" : "memory");
     out += buf;
   }
+  out += phase_table(r);
   bool any_pool = false;
   for (const auto& t : r.tests) any_pool |= t.pool_measured;
   if (!any_pool) return out;

@@ -54,6 +54,14 @@ struct TestResult {
   bool pool_measured = false;
   double pool_jobs_per_unit = 0;  // per step (tg, batch) or chunk (pp)
   double caller_serial_share = 0, caller_wait_share = 0, worker_busy_share = 0;
+  // The forward pass's phases (phase::Scope, the calling thread's wall time, self time): seconds
+  // per unit and share of the timed wall time, in the model's order; "other" is the rest (the
+  // bench loop, sampling, code outside any phase).
+  struct Phase {
+    std::string name;
+    double seconds_per_unit = 0, share = 0;
+  };
+  std::vector<Phase> phases;
 };
 
 struct ModelInfo {

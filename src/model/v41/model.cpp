@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "core/dtypes.h"
+#include "core/phase_profile.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/kernels.h"
 #include "model/v41/tensor_specs.h"
@@ -177,6 +178,7 @@ void Model::hc_mixes(const HcWeights& w, const float* stream, int S, float* pre,
 }
 
 void Model::engram(int layer, Ctx& c) const {
+  DI_PHASE("engram");
   const auto& E = w_.layers[size_t(layer)].engram;
   const int hc = cfg_.hc_mult, dim = cfg_.dim, hd = cfg_.engram_head_dim;
   const int cols = engram_.hash_cols(), nl = engram_.n_layers();
@@ -395,6 +397,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   float* qr = sized(ws.qr, size_t(N) * QL);
   float* q = sized(ws.q, size_t(N) * H * D);
   float* kv = sized(ws.kv, size_t(N) * D);
+  phase::Scope timer(DI_PHASE_ID("attn.projections"));
   for_tasks(N, 2, [&](int i) { kern::linear_fp8(x, N, i == 0 ? A.wq_a : A.wkv, i == 0 ? qr : kv); });
   for_rows(N, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) ref::rms_norm(qr + size_t(s) * QL, A.q_norm.p, QL, cfg_.norm_eps, qr + size_t(s) * QL);
@@ -414,6 +417,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   // index queries rotated and FP4-QDQ'd, their head weights scaled.
   float* cs_rows = sized(ws.rope_cs, size_t(N) * rd);
   const float wscale = float(std::pow(double(ID), -0.5) * std::pow(double(IH), -0.5));
+  timer.next(DI_PHASE_ID("attn.rope, qdq"));
   for_rows(N, [&](int64_t r0, int64_t r1) {
     for (int64_t row = r0; row < r1; ++row) {
       const float* cs = rope_table(layer, ws.row_pos[size_t(row)], cs_rows + size_t(row) * rd);
@@ -437,6 +441,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   // parallel loop over the whole batch (one pool job per layer, not one per sequence). The
   // compressor's projections, like the indexer's, run once over all rows.
   float *comp_kv = nullptr, *comp_gate = nullptr;
+  timer.next(DI_PHASE_ID("attn.compress, index"));
   if (ratio && A.has_compressor) {
     comp_kv = sized(ws.comp_proj, size_t(N) * (ratio > 1 ? 2 : 1) * D);
     kern::linear_bf16(x, N, A.compressor.wkv, comp_kv, ratio == 1);
@@ -456,6 +461,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   // Work items: (row, group of heads); with fewer rows than threads (decode of one sequence) the
   // heads are split too (heads are independent: the same bits for any split).
   const int64_t parts = row_parts(N);
+  timer.next(DI_PHASE_ID("attn.core"));
   for_rows(N * parts, [&](int64_t i0, int64_t i1) {
     thread_local std::vector<const float*> rows;
     for (int64_t i = i0; i < i1; ++i) {
@@ -502,6 +508,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   float* gzs = sized(ws.mix, size_t(G) * N * R);
   // The copies run over the pool's rows when the groups run one after the other (many rows),
   // inline inside a group's task when the groups are concurrent tasks (decode).
+  timer.next(DI_PHASE_ID("attn.wo_a"));
   for_tasks(N, G, [&](int gi) {
     float* gx = gxs + size_t(gi) * N * gin;
     float* gz = gzs + size_t(gi) * N * R;
@@ -515,6 +522,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
       for (int64_t s = s0; s < s1; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(gi) * R);
     });
   });
+  timer.next(DI_PHASE_ID("attn.wo_b"));
   kern::linear_fp8(z, N, A.wo_b, out);
 }
 
@@ -528,6 +536,7 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
   float* scores = sized(ws.scores, size_t(N) * E);
   int32_t* ids = sized(ws.expert_ids, size_t(N) * K);
   float* wts = sized(ws.expert_w, size_t(N) * K);
+  phase::Scope timer(DI_PHASE_ID("moe.router"));
   kern::linear_bf16(x, N, F.gate, scores, false);
   for_rows(N, [&](int64_t s0, int64_t s1) {
     thread_local std::vector<float> biased;
@@ -602,6 +611,7 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
   auto gather = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) std::copy(x + size_t(rows[r]) * dim, x + size_t(rows[r] + 1) * dim, gx + size_t(r) * dim);
   };
+  timer.next(DI_PHASE_ID("moe.experts"));
   if (!decode) for_rows(m_total, gather);
   // Shared expert over every row (its output added once, after the routed ones).
   float* gs = g + slots * I;
@@ -634,7 +644,11 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
       kern::linear_fp4(ga, m, X.w2, eo + size_t(m0) * dim);
     }
   });
-  if (!decode) shared_expert();
+  if (!decode) {
+    timer.next(DI_PHASE_ID("moe.shared expert"));
+    shared_expert();
+  }
+  timer.next(DI_PHASE_ID("moe.combine"));
   // Each row adds its experts' outputs in slot (= expert-id) order, whichever thread owns the row,
   // then the shared expert's, with one bf16 rounding.
   for_rows(N, [&](int64_t s0, int64_t s1) {
@@ -680,15 +694,24 @@ void Model::block(int layer, Ctx& c) const {
     c.stream = ws.stream.data();
     next = sized(ws.stream2, n_stream);
   };
+  // mHC phases (attention and MoE time their own).
+  const int mhc_mix = DI_PHASE_ID("mhc.coefficients"), mhc_collapse = DI_PHASE_ID("mhc.collapse, norm"),
+            mhc_expand = DI_PHASE_ID("mhc.expand");
+  phase::Scope timer(mhc_mix);
   hc_mixes(L.hc_attn, c.stream, S, attn_pre, post, comb, ws);
+  timer.next(mhc_collapse);
   collapse_norm(c.pre_mix, L.attn_norm);
   attention(layer, c, x, f);
+  timer.next(mhc_expand);
   expand();
 
   // FFN: collapses with the attention's pre; its own pre goes to the next block.
+  timer.next(mhc_mix);
   hc_mixes(L.hc_ffn, c.stream, S, ffn_pre, post, comb, ws);
+  timer.next(mhc_collapse);
   collapse_norm(attn_pre, L.ffn_norm);
   moe(layer, c, x, f);
+  timer.next(mhc_expand);
   expand();
   std::copy(ffn_pre, ffn_pre + size_t(S) * hc, c.pre_mix);
 }
@@ -700,6 +723,7 @@ void Model::run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens)
   const auto& opts = c.opts;
   const int R = c.R, hc = cf.hc_mult, dim = cf.dim;
   ws.topk_used = ws.candidate_mask_used = 0;
+  phase::Scope timer(DI_PHASE_ID("embed, engram hashes"));
   float* stream = sized(ws.stream, size_t(R) * hc * dim);
   float* pre_mix = sized(ws.pre_mix, size_t(R) * hc);
   int64_t* row_pos = sized(ws.row_pos, size_t(R));
@@ -735,6 +759,7 @@ void Model::run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens)
     }
   c.stream = stream;
   c.pre_mix = pre_mix;
+  timer.end();
   ForwardObserver* ob = opts.observer;
   auto seg_stream = [&](const Segment& g) { return c.stream + size_t(g.row0) * hc * dim; };
   auto seg_pre = [&](const Segment& g) { return pre_mix + size_t(g.row0) * hc; };
@@ -824,6 +849,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
   float* pre_mix = c.pre_mix;
   ForwardObserver* ob = opts.observer;
   // Final collapse, norm and head for the rows whose logits are wanted.
+  DI_PHASE("head");
   std::vector<int>& out_rows = ws.out_rows;
   out_rows.clear();
   for (size_t b = 0; b < items.size(); ++b)
