@@ -1,6 +1,6 @@
 // Where a forward pass's wall time goes, by phase, on one thread: `deepinfer bench` turns it on
 // around its timed samples. A scope adds its self time (nested scopes subtract theirs) to its
-// phase. Off, or on another thread (pool workers, tasks), a scope costs one relaxed load.
+// phase. Off, or on another thread (pool workers, tasks), a scope costs one atomic load.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,6 @@ std::vector<Total> totals();
 class Scope {
  public:
   explicit Scope(int phase) { enter(phase); }
-  Scope() = default;
   ~Scope() { leave(); }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
