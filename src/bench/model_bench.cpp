@@ -125,15 +125,15 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
     model.forward(s, std::span(toks).first(1), logits, plain, ws);
   }
 
-  // Time accounting of the pool over each test's timed samples (off outside them).
+  // Time accounting of the model phases and the pool over each test's timed samples (off outside them).
   ThreadPool* pool = pool_scope.pool.get();
-  auto pool_begin = [&] {
+  auto timing_begin = [&] {
     phase::record(true);
     if (!pool) return;
     pool->reset_timing();
     pool->set_timing(true);
   };
-  auto pool_end = [&](TestResult& r, double timed_s, double units) {
+  auto timing_end = [&](TestResult& r, double timed_s, double units) {
     phase::record(false);
     double attributed = 0;
     for (const phase::Total& p : phase::totals()) {
@@ -183,7 +183,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       r.depth = depth;
       std::vector<double> secs, tps;
       double distinct = 0;
-      pool_begin();
+      timing_begin();
       for (int k = 0; k < opts.reps; ++k) {
         v41::SequenceState s = base;
         const auto toks = random_tokens(rng, n_ids, size_t(p));
@@ -196,7 +196,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
         for (int d : counter.distinct()) distinct += d;
         log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, p / dt));
       }
-      pool_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), opts.reps);
+      timing_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), opts.reps);
       r.distinct_experts = distinct / opts.reps / std::max(1, cfg.n_layers);
       const QueryCost q = queries(p);
       // The chunk reads the weights once; its KV reads mostly hit cache, so the last query's
@@ -219,7 +219,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       r.depth = depth;
       std::vector<double> secs, tps, step;
       double wbytes = 0, distinct = 0;
-      pool_begin();
+      timing_begin();
       for (int k = 0; k < opts.reps; ++k) {
         v41::SequenceState s = base;
         const auto toks = random_tokens(rng, n_ids, size_t(n));
@@ -238,7 +238,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
         log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, n / t));
       }
       const double steps = double(n) * opts.reps;
-      pool_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), steps);
+      timing_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), steps);
       r.distinct_experts = distinct / steps / std::max(1, cfg.n_layers);
       const QueryCost q = queries(n);
       r.roofline = make_roofline(wbytes / steps, q.kv_bytes / n,
@@ -263,7 +263,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
       double wbytes = 0, distinct = 0;
       std::vector<std::vector<float>> outs(static_cast<size_t>(B));
       std::vector<v41::BatchItem> items(static_cast<size_t>(B));
-      pool_begin();
+      timing_begin();
       for (int k = 0; k < opts.reps; ++k) {
         std::vector<v41::SequenceState> states(size_t(B), base);
         const auto toks = random_tokens(rng, n_ids, size_t(B) * batch_steps);
@@ -284,7 +284,7 @@ BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, cons
         log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, double(B) * batch_steps / t));
       }
       const double steps = double(batch_steps) * opts.reps;
-      pool_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), steps);
+      timing_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), steps);
       r.distinct_experts = distinct / steps / std::max(1, cfg.n_layers);
       const QueryCost q = queries(batch_steps);
       r.roofline = make_roofline(wbytes / steps, B * q.kv_bytes / batch_steps,

@@ -50,6 +50,7 @@ void record(bool on) {
     g_on.store(false, std::memory_order_release);
     return;
   }
+  g_on.store(false, std::memory_order_release);  // scopes starting while the totals are reset stay off
   g_calls.fill(0);
   g_ns.fill(0);
   g_thread = std::this_thread::get_id();
