@@ -395,6 +395,12 @@ void run_f64_linear(const char* name, bool bf16_out, int64_t m, int64_t n, int64
     const std::string what = std::string(name) + " " + kern::isa_name(isa) + " m=" + std::to_string(m) +
                              " n=" + std::to_string(n) + " k=" + std::to_string(k);
     ASSERT_EQ(0, std::memcmp(got.data(), got3.data(), got.size() * 4)) << what << ": thread count";
+    {  // the next call on the same threads sees its own x (each thread widens x once per call): 2x exactly
+      std::vector<float> x2(x), got2(want.size(), -4.f);
+      for (float& v : x2) v *= 2.f;
+      kern_fn(x2.data(), m, got2.data(), &pool3);
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(bits(2.f * got3[i]), bits(got2[i])) << what << ": 2x at " << i;
+    }
     for (int64_t r = 0; r < m; ++r) {  // each row alone: the same bits as in the batch (rows share weight passes)
       std::vector<float> alone(size_t(n), -2.f);
       kern_fn(x.data() + r * k, 1, alone.data(), nullptr);
@@ -738,6 +744,119 @@ TEST(Kernels, HcCollapseExpand) {
         const std::string what = std::string(kern::isa_name(isa)) + " hc=" + std::to_string(hc) + " dim=" + std::to_string(dim);
         ASSERT_EQ(0, std::memcmp(y.data(), want_y.data(), y.size() * 4)) << what << ": collapse";
         ASSERT_EQ(0, std::memcmp(Y.data(), want_Y.data(), Y.size() * 4)) << what << ": expand";
+      }
+    }
+}
+
+// rms_scales runs four rows' sums side by side: each row's scale has rms_scale's bits, for row
+// counts around the group of four, strides past the row, and rows whose fp64 sums round (values
+// spread over 2^+-40, so the order of the sum matters).
+TEST(Kernels, RmsScalesMatchRowByRow) {
+  std::mt19937 g(31);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> ex(-40, 40);
+  for (int64_t rows : {int64_t(1), int64_t(3), int64_t(4), int64_t(9)})
+    for (int64_t n : {int64_t(1), int64_t(100), int64_t(4096)}) {
+      const int64_t stride = n + 5;
+      std::vector<float> x(size_t(rows * stride));
+      for (auto& v : x) v = std::ldexp(nd(g), ex(g));
+      std::vector<float> got(size_t(rows), -1.f);
+      ref::rms_scales(x.data(), stride, rows, n, 1e-20f, got.data());
+      for (int64_t r = 0; r < rows; ++r)
+        ASSERT_EQ(bits(ref::rms_scale(x.data() + r * stride, n, 1e-20f)), bits(got[size_t(r)])) << "rows " << rows << " n " << n << " row " << r;
+    }
+  // A row whose result depends on the order: 1 + 2^-24 is an fp32 tie, and the 256 squares of
+  // 2^-30 after it vanish one by one in fp64 (the sum stays the tie, rounded to even), while summed
+  // first they would add 2^-52 and round it up.
+  std::vector<float> tie(258 * 5, 2.f);
+  for (int r = 0; r < 5; ++r) {
+    float* row = tie.data() + r * 258;
+    row[0] = 1.f, row[1] = 0x1p-12f;
+    for (int i = 2; i < 258; ++i) row[i] = 0x1p-30f;
+  }
+  std::vector<float> got(5);
+  ref::rms_scales(tie.data(), 258, 5, 258, 1e-20f, got.data());
+  std::vector<float> reversed(tie.rbegin() + 4 * 258, tie.rend());
+  ASSERT_NE(bits(ref::rms_scale(tie.data(), 258, 1e-20f)), bits(ref::rms_scale(reversed.data(), 258, 1e-20f))) << "order-sensitive row";
+  for (int r = 0; r < 5; ++r) ASSERT_EQ(bits(ref::rms_scale(tie.data(), 258, 1e-20f)), bits(got[size_t(r)])) << "tie row " << r;
+}
+
+// The MoE's SwiGLU against ref::swiglu: gates and ups across the clamps and the range where expf
+// overflows or underflows, zeros, NaN and infinities; ragged rows; with and without routing weights.
+TEST(Kernels, Swiglu) {
+  std::mt19937 g(37);
+  IsaGuard guard;
+  std::normal_distribution<float> nd;
+  auto value = [&]() -> float {
+    switch (g() % 12) {
+      case 0: return 0.f;
+      case 1: return -0.f;
+      case 2: return g() & 1 ? 10.f : -10.f;
+      case 3: return -90.f - float(g() % 20);  // expf(-gate) overflows: silu is -0
+      case 4: return g() % 50 == 0 ? std::numeric_limits<float>::quiet_NaN() : nd(g) * 30.f;
+      case 5: return g() % 50 == 0 ? (g() & 1 ? INFINITY : -INFINITY) : nd(g) * 1e-3f;
+      default: return nd(g) * 4.f;
+    }
+  };
+  for (int64_t n : {int64_t(1), int64_t(17), int64_t(384)})
+    for (int64_t m : {int64_t(1), int64_t(3)})
+      for (bool weighted : {false, true}) {
+        std::vector<float> gate(static_cast<size_t>(m * n)), up(static_cast<size_t>(m * n)), w(static_cast<size_t>(m));
+        for (auto& v : gate) v = value();
+        for (auto& v : up) v = value();
+        for (auto& v : w) v = std::fabs(nd(g));
+        std::vector<float> want = gate;
+        ref::swiglu(want.data(), up.data(), m, n, 10.f, weighted ? w.data() : nullptr);
+        for (kern::Isa isa : isas()) {
+          kern::set_isa(isa);
+          std::vector<float> got = gate;
+          kern::swiglu(got.data(), up.data(), m, n, 10.f, weighted ? w.data() : nullptr);
+          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+              << kern::isa_name(isa) << " m=" << m << " n=" << n << " weighted " << weighted;
+        }
+      }
+}
+
+// The indexer's FP4 QDQ (E8M0 scale per 32) against di::act_qdq_fp4_e8m0: random blocks over
+// wide magnitude ranges, every E2M1 midpoint (ties) times the block's scale, zeros, subnormals,
+// NaN and infinities, ragged lengths (the short last block).
+TEST(Kernels, ActQdqFp4E8m0) {
+  std::mt19937 g(29);
+  IsaGuard guard;
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> ex(-140, 120);
+  for (int64_t n : {int64_t(1), int64_t(31), int64_t(32), int64_t(128), int64_t(4096 + 17)})
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (int64_t b0 = 0; b0 < n; b0 += 32) {
+        const float scale = std::ldexp(1.f, ex(g));
+        for (int64_t i = b0; i < std::min(n, b0 + 32); ++i) {
+          float v = nd(g) * scale;
+          switch (g() % 16) {
+            case 0: v = 0.f; break;
+            case 1: v = -0.f; break;
+            case 2: {  // a midpoint between E2M1 values, times a power of two that the block's scale may be
+              static constexpr float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f};
+              v = (g() & 1 ? -1.f : 1.f) * mids[g() % 7] * scale;
+              break;
+            }
+            case 3: v = (g() & 1 ? -1.f : 1.f) * 6.f * scale; break;  // sets the block's scale exactly
+            case 4: if (trial % 5 == 0) v = std::numeric_limits<float>::quiet_NaN(); break;
+            case 5: if (trial % 7 == 0) v = g() & 1 ? INFINITY : -INFINITY; break;
+            case 6: v = std::ldexp(nd(g), -140); break;  // subnormal
+            default: break;
+          }
+          x[size_t(i)] = v;
+        }
+      }
+      std::vector<float> want = x;
+      act_qdq_fp4_e8m0(want.data(), n, 32);
+      for (kern::Isa isa : isas()) {
+        kern::set_isa(isa);
+        std::vector<float> got = x;
+        kern::act_qdq_fp4_e8m0(got.data(), n);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+            << kern::isa_name(isa) << " n=" << n << " trial " << trial;
       }
     }
 }

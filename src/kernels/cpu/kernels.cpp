@@ -166,6 +166,14 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
   if (current() == Isa::Avx2) return avx2::hc_expand(f, X, post, comb, hc, dim, Y);
   ref::hc_expand(f, X, post, comb, hc, dim, Y);
 }
+void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const float* weight) {
+  if (current() == Isa::Avx512) return avx512::swiglu(g, u, m, n, limit, weight);
+  ref::swiglu(g, u, m, n, limit, weight);
+}
+void act_qdq_fp4_e8m0(float* x, int64_t n) {
+  if (current() == Isa::Avx512) return avx512::act_qdq_fp4_e8m0(x, n);
+  di::act_qdq_fp4_e8m0(x, n, 32);
+}
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out) {
   if (current() == Isa::Avx512 && d % 8 == 0) return avx512::index_scores(q, w, n_heads, d, keys, n, out);
   if (current() == Isa::Avx2 && d % 8 == 0) return avx2::index_scores(q, w, n_heads, d, keys, n, out);

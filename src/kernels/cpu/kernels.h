@@ -46,6 +46,11 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
 void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);
 void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y);
 
+// The MoE's clamped SwiGLU in place (contract: ref::swiglu); single-threaded.
+void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const float* weight);
+// FP4 QDQ with an E8M0 scale per 32 (contract: di::act_qdq_fp4_e8m0 with block 32), in place.
+void act_qdq_fp4_e8m0(float* x, int64_t n);
+
 // Indexer scores of one query row against n keys (contract: ref::index_scores); single-threaded,
 // the model splits query rows over its pool.
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);

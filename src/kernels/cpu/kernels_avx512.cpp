@@ -880,12 +880,19 @@ void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& wi
     });
     return;
   }
-  thread_local AlignedVector<double> xs;
-  if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
-  double* xd = xs.data();
-  for (int64_t r = 0; r < m; ++r) widen(x + r * K, K, xd + r * K);
+  // Each thread widens x itself, once per call: the fp64 rows written by one core and read by the
+  // other cost more than the weights of a small linear (the fp32 rows are half the bytes).
+  static std::atomic<uint64_t> calls{0};
+  const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
   run(pool, tiles, 1, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t t = t0; t < t1; ++t) tile(xd, 0, m, t);
+    thread_local AlignedVector<double> xs;
+    thread_local uint64_t widened_call = 0;
+    if (widened_call != call) {
+      if (int64_t(xs.size()) < m * K) xs.resize(size_t(m * K));
+      for (int64_t r = 0; r < m; ++r) widen(x + r * K, K, xs.data() + r * K);
+      widened_call = call;
+    }
+    for (int64_t t = t0; t < t1; ++t) tile(xs.data(), 0, m, t);
   });
 }
 
@@ -2437,6 +2444,56 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       _mm512_storeu_ps(oh + i, round_bf16_ps(_mm512_div_ps(_mm512_loadu_ps(ah + i), _mm512_set1_ps(dn))));
     for (; i < d; ++i) oh[i] = round_bf16(ah[i] / dn);
   }
+}
+
+// di::act_qdq_fp4_e8m0 for block 32: the scale is a power of two, so x / s is x times the exact
+// reciprocal (normal, as s <= 2^126 for finite x; an infinite amax gives 1 / s = 0, the same zeros
+// and NaNs as x / inf), the same correctly rounded value; the E2M1 rounding is the scalar's chain
+// of selects on masks (ties to the even code, NaN to 6), the sign copied from x / s.
+void act_qdq_fp4_e8m0(float* x, int64_t n) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int(0x80000000u)));
+  constexpr float kMids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f}, kVals[7] = {0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  constexpr int kCmp[7] = {_CMP_GT_OQ, _CMP_GE_OQ, _CMP_GT_OQ, _CMP_GE_OQ, _CMP_GT_OQ, _CMP_GE_OQ, _CMP_GT_OQ};
+  int64_t b0 = 0;
+  for (; b0 + 32 <= n; b0 += 32) {
+    __m512 v[2] = {_mm512_loadu_ps(x + b0), _mm512_loadu_ps(x + b0 + 16)};
+    // max(|x|, acc) returns acc for a NaN |x|: NaNs are skipped, as std::max(amax, |x|) skips them.
+    const float amax = std::max(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[1]), _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_setzero_ps()))),
+                                6.f * 0x1p-126f);
+    const float s = pow2_ceil(amax * (1.0f / 6.0f));
+    const __m512 inv = _mm512_set1_ps(1.0f / s), sv = _mm512_set1_ps(s);
+    for (int h = 0; h < 2; ++h) {
+      const __m512 q = _mm512_mul_ps(v[h], inv);
+      const __m512 a = _mm512_abs_ps(q);
+      __m512 r = _mm512_setzero_ps();
+#pragma GCC unroll 7
+      for (int i = 0; i < 7; ++i)
+        r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, _mm512_set1_ps(kMids[i]), kCmp[i]), _mm512_set1_ps(kVals[i]));
+      r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_set1_ps(6.f));
+      _mm512_storeu_ps(x + b0 + 16 * h, _mm512_mul_ps(_mm512_or_ps(r, _mm512_and_ps(q, sign)), sv));
+    }
+  }
+  if (b0 < n) di::act_qdq_fp4_e8m0(x + b0, n - b0, 32);
+}
+
+// ref::swiglu 16 at a time: the clamps as max/min with the value second (a NaN passes through,
+// as through std::clamp and std::min), libm's expf in vectors, IEEE division and products.
+void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const float* weight) {
+  const __m512 hi = _mm512_set1_ps(limit), lo = _mm512_set1_ps(-limit), one = _mm512_set1_ps(1.f);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < n; i += 16) {
+      const int cnt = int(std::min<int64_t>(16, n - i));
+      const __mmask16 k = cnt == 16 ? __mmask16(0xffff) : __mmask16((1u << cnt) - 1);
+      float* gp = g + r * n + i;
+      const __m512 up = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_maskz_loadu_ps(k, u + r * n + i)));
+      const __m512 gate = _mm512_min_ps(hi, _mm512_maskz_loadu_ps(k, gp));
+      alignas(64) float e[16];
+      _mm512_store_ps(e, _mm512_xor_ps(gate, _mm512_set1_ps(-0.f)));  // -gate
+      expf_libm(e, cnt, e);
+      __m512 h = _mm512_mul_ps(_mm512_div_ps(gate, _mm512_add_ps(one, _mm512_load_ps(e))), up);
+      if (weight) h = _mm512_mul_ps(_mm512_set1_ps(weight[r]), h);
+      _mm512_mask_storeu_ps(gp, k, round_bf16_ps(h));
+    }
 }
 
 void expf_batch(const float* x, int64_t n, float* out) {

@@ -106,6 +106,18 @@ float rms_scale(const float* x, int64_t n, float eps) {
   return 1.0f / std::sqrt(var + eps);
 }
 
+void rms_scales(const float* x, int64_t stride, int64_t rows, int64_t n, float eps, float* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float* x0 = x + r * stride;
+    double ss[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < n; ++i)
+      for (int j = 0; j < 4; ++j) ss[j] += double(x0[j * stride + i] * x0[j * stride + i]);
+    for (int j = 0; j < 4; ++j) out[r + j] = 1.0f / std::sqrt(float(ss[j]) / float(n) + eps);
+  }
+  for (; r < rows; ++r) out[r] = rms_scale(x + r * stride, n, eps);
+}
+
 void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y) {
   const float r = rms_scale(x, n, eps);
   for (int64_t i = 0; i < n; ++i) y[i] = round_bf16(bf16_to_f32(weight[i]) * (x[i] * r));
@@ -200,6 +212,16 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const float* weight) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t at = r * n + i;
+      const float up = std::clamp(u[at], -limit, limit), gate = std::min(g[at], limit);
+      float h = silu(gate) * up;
+      if (weight) h = weight[r] * h;
+      g[at] = round_bf16(h);
+    }
+}
 float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 
 void hc_split_sinkhorn(const float* m, const float* scale3, const float* base, int hc, int iters, float eps,

@@ -49,6 +49,9 @@ void linear_f32(const float* x, int64_t m, const F32Weight& w, float* y);
 void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y);
 // Weightless part only: x * rsqrt(mean(x^2) + eps) in fp32 (no rounding).
 float rms_scale(const float* x, int64_t n, float eps);
+// rms_scale of `rows` rows (x + r * stride), four at a time: each row's sum in its own order, so
+// the same bits, with four independent add chains instead of one (the chain's latency bounds it).
+void rms_scales(const float* x, int64_t stride, int64_t rows, int64_t n, float eps, float* out);
 
 // Interleaved-pair rotary embedding on `n` values (n even) at angle table (cos, sin per pair);
 // result rounded to bf16. inverse conjugates the rotation.
@@ -77,6 +80,9 @@ void hc_split_sinkhorn(const float* mixes, const float* scale3, const float* bas
                        float eps, float* pre, float* post, float* comb);
 
 float silu(float x);
+// The MoE's SwiGLU with the training clamps, in place over m rows of n: g = bf16(w_r x (silu(min(g,
+// limit)) x clamp(u, -limit, limit))), fp32, w_r = weight[r] (no factor when weight is null).
+void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const float* weight);
 float sigmoid(float x);
 float softplus(float x);  // torch's default (beta 1, threshold 20)
 

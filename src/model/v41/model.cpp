@@ -166,9 +166,11 @@ void Model::hc_mixes(const HcWeights& w, const float* stream, int S, float* pre,
   float* mixes = sized(ws.mix, size_t(S) * nmix);
   kern::linear_f32(stream, S, w.fn, mixes);  // one pass over the weight for all rows (rows are independent)
   for_rows(S, [&](int64_t s0, int64_t s1) {
+    thread_local std::vector<float> scales;
+    scales.resize(size_t(s1 - s0));
+    ref::rms_scales(stream + size_t(s0) * flat, flat, s1 - s0, flat, cfg_.norm_eps, scales.data());
     for (int64_t s = s0; s < s1; ++s) {
-      const float* xs = stream + size_t(s) * flat;
-      const float r = ref::rms_scale(xs, flat, cfg_.norm_eps);
+      const float r = scales[size_t(s - s0)];
       float* mix = mixes + size_t(s) * nmix;
       for (int k = 0; k < nmix; ++k) mix[k] *= r;
       ref::hc_split_sinkhorn(mix, w.scale.p, w.base.p, hc, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, pre + s * hc,
@@ -282,7 +284,7 @@ void Model::compress(int layer, Ctx& c, Segment& g, float* kv_new, float* gate_n
       float* l = lat + size_t(e) * D;
       ref::rms_norm(k, A.indexer.k_norm.p, ID, cfg_.norm_eps, k);
       ref::rope_apply(k + ID - rd, rd, rope_table(layer, (first + e) * r, cs), false);
-      act_qdq_fp4_e8m0(k, ID, 32);
+      kern::act_qdq_fp4_e8m0(k, ID);
       ref::rope_apply(l + D - rd, rd, cs, false);
       act_qdq_fp4_e4m3(l, D, 16);
     }
@@ -429,7 +431,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
       for (int h = 0; indexed && h < IH; ++h) {
         float* qh = iq + (size_t(row) * IH + h) * ID;
         ref::rope_apply(qh + ID - rd, rd, cs, false);
-        act_qdq_fp4_e8m0(qh, ID, 32);
+        kern::act_qdq_fp4_e8m0(qh, ID);
         iw[row * IH + h] = round_bf16(iw[row * IH + h] * wscale);
       }
     }
@@ -565,16 +567,7 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
 
   // SwiGLU with the training clamps (up both sides, gate from above) in fp32, times the routing
   // weight, one bf16 rounding before w2.
-  auto swiglu = [&](float* g, const float* u, int m, const float* weight) {
-    for (int r = 0; r < m; ++r)
-      for (int i = 0; i < I; ++i) {
-        const size_t at = size_t(r) * I + i;
-        const float up = std::clamp(u[at], -L, L), gate = std::min(g[at], L);
-        float h = ref::silu(gate) * up;
-        if (weight) h = weight[r] * h;
-        g[at] = round_bf16(h);
-      }
-  };
+  auto swiglu = [&](float* g, const float* u, int m, const float* weight) { kern::swiglu(g, u, m, I, L, weight); };
   // Routed experts: each expert runs once over the rows that chose it. The active experts are
   // spread over the pool (one dispatch per layer, each expert single-threaded on one core, both
   // cores streaming different experts); then the rows accumulate their experts' outputs in fp32
