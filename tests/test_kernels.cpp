@@ -817,10 +817,11 @@ TEST(Kernels, Swiglu) {
       }
 }
 
-// The indexer's FP4 QDQ (E8M0 scale per 32) against di::act_qdq_fp4_e8m0: random blocks over
-// wide magnitude ranges, every E2M1 midpoint (ties) times the block's scale, zeros, subnormals,
-// NaN and infinities, ragged lengths (the short last block).
-TEST(Kernels, ActQdqFp4E8m0) {
+// The indexer's FP4 QDQ (E8M0 scale per 32) and the window KV's FP8 QDQ against
+// di::act_qdq_fp4_e8m0 / act_qdq_fp8: random blocks over wide magnitude ranges, every E2M1
+// midpoint (ties) times the block's scale, zeros, subnormals, NaN and infinities, ragged lengths
+// (the short last block).
+TEST(Kernels, ActQdq) {
   std::mt19937 g(29);
   IsaGuard guard;
   std::normal_distribution<float> nd;
@@ -841,7 +842,7 @@ TEST(Kernels, ActQdqFp4E8m0) {
               break;
             }
             case 3: v = (g() & 1 ? -1.f : 1.f) * 6.f * scale; break;  // sets the block's scale exactly
-            case 4: if (trial % 5 == 0) v = std::numeric_limits<float>::quiet_NaN(); break;
+            case 4: if (trial % 5 == 0) v = trial % 2 ? std::numeric_limits<float>::quiet_NaN() : bits_f32(0xffc12345u); break;
             case 5: if (trial % 7 == 0) v = g() & 1 ? INFINITY : -INFINITY; break;
             case 6: v = std::ldexp(nd(g), -140); break;  // subnormal
             default: break;
@@ -849,14 +850,18 @@ TEST(Kernels, ActQdqFp4E8m0) {
           x[size_t(i)] = v;
         }
       }
-      std::vector<float> want = x;
+      std::vector<float> want = x, want8 = x;
       act_qdq_fp4_e8m0(want.data(), n, 32);
+      act_qdq_fp8(want8.data(), n, 32);
       for (kern::Isa isa : isas()) {
         kern::set_isa(isa);
-        std::vector<float> got = x;
+        std::vector<float> got = x, got8 = x;
         kern::act_qdq_fp4_e8m0(got.data(), n);
+        kern::act_qdq_fp8(got8.data(), n);
         ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
             << kern::isa_name(isa) << " n=" << n << " trial " << trial;
+        ASSERT_EQ(0, std::memcmp(got8.data(), want8.data(), got8.size() * 4))
+            << "fp8 " << kern::isa_name(isa) << " n=" << n << " trial " << trial;
       }
     }
 }

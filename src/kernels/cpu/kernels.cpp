@@ -170,6 +170,10 @@ void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const f
   if (current() == Isa::Avx512) return avx512::swiglu(g, u, m, n, limit, weight);
   ref::swiglu(g, u, m, n, limit, weight);
 }
+void act_qdq_fp8(float* x, int64_t n) {
+  if (current() == Isa::Avx512) return avx512::act_qdq_fp8(x, n);
+  di::act_qdq_fp8(x, n, 32);
+}
 void act_qdq_fp4_e8m0(float* x, int64_t n) {
   if (current() == Isa::Avx512) return avx512::act_qdq_fp4_e8m0(x, n);
   di::act_qdq_fp4_e8m0(x, n, 32);

@@ -48,6 +48,8 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
 
 // The MoE's clamped SwiGLU in place (contract: ref::swiglu); single-threaded.
 void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const float* weight);
+// FP8 QDQ per 32 (contract: di::act_qdq_fp8 with block 32), in place.
+void act_qdq_fp8(float* x, int64_t n);
 // FP4 QDQ with an E8M0 scale per 32 (contract: di::act_qdq_fp4_e8m0 with block 32), in place.
 void act_qdq_fp4_e8m0(float* x, int64_t n);
 

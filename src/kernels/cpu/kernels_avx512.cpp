@@ -2476,6 +2476,27 @@ void act_qdq_fp4_e8m0(float* x, int64_t n) {
   if (b0 < n) di::act_qdq_fp4_e8m0(x + b0, n - b0, 32);
 }
 
+// di::act_qdq_fp8 for block 32: act_quant's block (quant_block32, bit for bit) times its scale.
+// Blocks holding a NaN take the scalar code (its NaN is the E4M3 table's, not x's).
+void act_qdq_fp8(float* x, int64_t n) {
+  int64_t b0 = 0;
+  for (; b0 + 32 <= n; b0 += 32) {
+    const __m512 v0 = _mm512_loadu_ps(x + b0), v1 = _mm512_loadu_ps(x + b0 + 16);
+    if (_mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q)) {
+      di::act_qdq_fp8(x + b0, 32, 32);
+      continue;
+    }
+    float s;
+    const __m512i q = quant_block32(x + b0, &s);
+    const __m512 sv = _mm512_set1_ps(s);
+    const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), 16);
+    const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)), 16);
+    _mm512_storeu_ps(x + b0, _mm512_mul_ps(_mm512_castsi512_ps(lo), sv));
+    _mm512_storeu_ps(x + b0 + 16, _mm512_mul_ps(_mm512_castsi512_ps(hi), sv));
+  }
+  if (b0 < n) di::act_qdq_fp8(x + b0, n - b0, 32);
+}
+
 // ref::swiglu 16 at a time: the clamps as max/min with the value second (a NaN passes through,
 // as through std::clamp and std::min), libm's expf in vectors, IEEE division and products.
 void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const float* weight) {

@@ -76,6 +76,7 @@ void hc_expand(const float* f, const float* X, const float* post, const float* c
 // std::exp of each float, by the attention's vector copy of glibc's expf (for tests).
 void expf_batch(const float* x, int64_t n, float* out);
 void act_qdq_fp4_e8m0(float* x, int64_t n);  // block 32
+void act_qdq_fp8(float* x, int64_t n);        // block 32
 void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const float* weight);
 }  // namespace di::kern::avx512
 DI_KERN_DECLARE_ISA(avx2)

@@ -427,7 +427,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
       float* kr = kv + size_t(row) * D;
       ref::rms_norm(kr, A.kv_norm.p, D, cfg_.norm_eps, kr);
       ref::rope_apply(kr + D - rd, rd, cs, false);
-      act_qdq_fp8(kr, D, 32);
+      kern::act_qdq_fp8(kr, D);
       for (int h = 0; indexed && h < IH; ++h) {
         float* qh = iq + (size_t(row) * IH + h) * ID;
         ref::rope_apply(qh + ID - rd, rd, cs, false);
