@@ -34,6 +34,7 @@ struct Tokenizer::Impl {
   std::vector<std::string> id_bytes;
   std::vector<uint8_t> id_known;
   std::vector<uint8_t> id_special;
+  std::vector<uint8_t> id_added;
   int32_t vocab_size = 0;
 
   // What id_to_token / decode show for an added token: HF shows a normalized token's normalized form.
@@ -182,6 +183,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_text(const std::string& js
     impl->id_token.assign(impl->vocab_size, {});
     impl->id_known.assign(impl->vocab_size, 0);
     impl->id_special.assign(impl->vocab_size, 0);
+    impl->id_added.assign(impl->vocab_size, 0);
     for (const auto& [token, id] : impl->bpe.vocab()) {
       impl->id_token[id] = token;
       impl->id_known[id] = 1;
@@ -190,6 +192,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_text(const std::string& js
       impl->id_token[t.id] = impl->display_content(t);
       impl->id_known[t.id] = 1;
       impl->id_special[t.id] = t.special ? 1 : 0;
+      impl->id_added[t.id] = 1;
     }
     impl->id_bytes.resize(impl->vocab_size);
     for (int32_t id = 0; id < impl->vocab_size; ++id) {
@@ -274,6 +277,11 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
 bool Tokenizer::is_special(int32_t id) const {
   const Impl& im = *impl_;
   return id >= 0 && id < im.vocab_size && im.id_special[id];
+}
+
+bool Tokenizer::is_added(int32_t id) const {
+  const Impl& im = *impl_;
+  return id >= 0 && id < im.vocab_size && im.id_added[id];
 }
 
 int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }

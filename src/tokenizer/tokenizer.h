@@ -32,6 +32,8 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int32_t id) const;  // the vocab string, e.g. "Ġthe"
   bool is_special(int32_t id) const;
+  // An entry of added_tokens (control tokens such as <｜User｜>), special or not.
+  bool is_added(int32_t id) const;
   int32_t vocab_size() const;  // 1 + the largest id (base vocab + added tokens)
 
   ~Tokenizer();
