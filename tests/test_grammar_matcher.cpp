@@ -16,15 +16,17 @@ using test::allowed_ids;
 using test::brute_force_mask;
 using test::v3_vocab;
 
-std::shared_ptr<const CompiledGrammar> compile_text(const std::string& text) {
+std::shared_ptr<const CompiledGrammar> compile_text(const std::string& text, bool inline_rules = true) {
   CompileOptions o;
   o.threads = 2;
+  if (!inline_rules) o.automaton.inline_max_nodes = 0;
   return CompiledGrammar::compile(parse_ebnf(text), v3_vocab(), o);
 }
 
 // Random walks under the mask; at each step the mask must equal the brute force.
-void check_exact(const std::string& grammar_text, int walks, int steps, uint64_t seed) {
-  auto g = compile_text(grammar_text);
+void check_exact(const std::string& grammar_text, int walks, int steps, uint64_t seed, bool inline_rules = true) {
+  auto g = compile_text(grammar_text, inline_rules);
+  ASSERT_GT(g->num_uncertain_tokens(), 0u) << "the walks would not exercise run-time checks";
   std::mt19937_64 rng(seed);
   const int32_t n = g->vocab().mask_size();
   std::vector<uint32_t> mask(g->vocab().mask_words());
@@ -55,6 +57,18 @@ ws     ::= [ \t\n]*
 
 TEST(GrammarMatcher, MaskEqualsBruteForceJson) { check_exact(kJsonGrammar, 3, 12, 1); }
 
+// Every rule its own stack frame: most tokens that end a string, number or object are uncertain
+// ahead of time and checked against the real stack.
+TEST(GrammarMatcher, MaskEqualsBruteForceJsonNoInlining) {
+  check_exact(kJsonGrammar, 4, 16, 11, false);
+  check_exact(R"G(
+root ::= "[" item ( "," item )* "]"
+item ::= str | num | root
+str ::= "\"" [a-z ]* "\""
+num ::= [0-9]+ ( "." [0-9]+ )?
+)G", 6, 20, 12, false);
+}
+
 TEST(GrammarMatcher, MaskEqualsBruteForceArithmetic) {
   check_exact(R"G(
 root ::= expr
@@ -70,7 +84,7 @@ TEST(GrammarMatcher, MaskEqualsBruteForceUnicodeAndAmbiguity) {
 root ::= ( a | b )+ "!"?
 a ::= [α-ω]+ " "?
 b ::= [α-γ一-龥]+ ( "x" | "xy" )
-)G", 3, 10, 3);
+)G", 3, 10, 3, false);
 }
 
 TEST(GrammarMatcher, AcceptRollbackRestoresMasks) {
