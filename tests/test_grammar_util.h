@@ -77,3 +77,50 @@ inline std::string sample_until_end(GrammarMatcher& m, std::mt19937_64& rng, int
 }
 
 }  // namespace di::grammar::test
+
+namespace di::grammar::test {
+
+// A vocabulary of the 256 single bytes (id = byte value), stop token 256: byte-exact checks with
+// a fast compile.
+inline std::shared_ptr<const Vocabulary> byte_vocab() {
+  static auto v = [] {
+    std::vector<std::string> toks;
+    for (int b = 0; b < 256; ++b) toks.push_back(std::string(1, static_cast<char>(b)));
+    return std::make_shared<const Vocabulary>(toks, 257, std::vector<int32_t>{256});
+  }();
+  return v;
+}
+
+// Whether the grammar matches `s` exactly.
+inline bool full_match(const std::shared_ptr<const CompiledGrammar>& g, std::string_view s) {
+  GrammarMatcher m(g);
+  return m.accept_bytes(s) && m.can_end();
+}
+
+// A random string of the expression's language (unbounded repeats stop after a few rounds).
+inline void sample_expr(const Grammar& g, const Expr& e, std::mt19937_64& rng, std::string& out, int depth = 0) {
+  using K = Expr::Kind;
+  auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+  switch (e.kind) {
+    case K::kEmpty: break;
+    case K::kBytes: out += e.text; break;
+    case K::kClass: {
+      const CodeRange r = e.ranges[pick(e.ranges.size())];
+      append_utf8(out, r.lo + static_cast<uint32_t>(pick(r.hi - r.lo + 1)));
+      break;
+    }
+    case K::kRef: sample_expr(g, g.find(e.text)->body, rng, out, depth + 1); break;
+    case K::kSeq:
+      for (const Expr& c : e.items) sample_expr(g, c, rng, out, depth);
+      break;
+    case K::kAlt: sample_expr(g, e.items[pick(e.items.size())], rng, out, depth); break;
+    case K::kRepeat: {
+      const int hi = e.max == Expr::kUnbounded ? e.min + (depth > 6 ? 0 : 3) : e.max;
+      const int n = e.min + static_cast<int>(pick(static_cast<size_t>(hi - e.min + 1)));
+      for (int i = 0; i < n; ++i) sample_expr(g, e.items[0], rng, out, depth);
+      break;
+    }
+  }
+}
+
+}  // namespace di::grammar::test

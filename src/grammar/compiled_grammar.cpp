@@ -27,7 +27,7 @@ StateTokens classify(const Automaton& a, const Vocabulary& v, const std::array<i
                      int32_t state, detail::StackPool& pool) {
   detail::PrefixWalker walker(a, pool);
   const size_t base = pool.size();
-  const std::vector<int32_t> start{pool.intern(state, detail::kContext)};
+  const std::vector<detail::StackTop> start{{state, detail::kContext}};
   walker.reset(start, &a.follow[a.states[state].rule]);
   std::vector<int32_t> accepted, uncertain;
   for (int b = 0; b < 256; ++b) {

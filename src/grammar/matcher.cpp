@@ -21,7 +21,7 @@ void GrammarMatcher::reset() {
   terminated_ = false;
   const Automaton& a = grammar_->automaton();
   stepper_.new_epoch();
-  can_end_ = stepper_.expand(pool_.intern(a.root_start(), detail::kBottom), stacks_);
+  can_end_ = stepper_.expand({a.root_start(), detail::kBottom}, stacks_);
 }
 
 void GrammarMatcher::fill_mask(std::span<uint32_t> bits) {
@@ -31,15 +31,15 @@ void GrammarMatcher::fill_mask(std::span<uint32_t> bits) {
   auto set = [&](int32_t id) { bits[id >> 5] |= 1u << (id & 31); };
   if (!terminated_) {
     const size_t mark = pool_.size();
-    for (int32_t node : stacks_) {
-      const StateTokens* t = grammar_->tokens(pool_[node].state);
+    for (const detail::StackTop& top : stacks_) {
+      const StateTokens* t = grammar_->tokens(top.state);
       if (!t->accepted_bits.empty()) {
         for (size_t w = 0; w < bits.size(); ++w) bits[w] |= t->accepted_bits[w];
       } else {
         for (int32_t id : t->accepted_ids) set(id);
       }
       if (t->uncertain.empty()) continue;
-      single_.assign(1, node);
+      single_.assign(1, top);
       walker_.reset(single_, nullptr);
       int32_t shared = INT_MAX;  // common prefix with the last token walked
       for (size_t i = 0; i < t->uncertain.size(); ++i) {
@@ -62,7 +62,7 @@ void GrammarMatcher::fill_mask(std::span<uint32_t> bits) {
   }
 }
 
-bool GrammarMatcher::advance_bytes(std::string_view bytes, std::vector<int32_t>& stacks, bool& can_end) {
+bool GrammarMatcher::advance_bytes(std::string_view bytes, std::vector<detail::StackTop>& stacks, bool& can_end) {
   stacks = stacks_;
   can_end = can_end_;
   for (char c : bytes) {
@@ -130,8 +130,8 @@ std::string GrammarMatcher::forced_bytes() {
   constexpr size_t kMaxForced = 1 << 16;
   while (!can_end && !scratch_a_.empty() && out.size() < kMaxForced) {
     int only = -1;
-    for (int32_t node : scratch_a_) {
-      const int32_t st = pool_[node].state;
+    for (const detail::StackTop& top : scratch_a_) {
+      const int32_t st = top.state;
       for (int b = 0; b < 256 && only != -2; ++b) {
         if (a.step(st, static_cast<uint8_t>(b)) < 0) continue;
         only = only == -1 || only == b ? b : -2;

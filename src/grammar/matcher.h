@@ -57,18 +57,18 @@ class GrammarMatcher {
   void save_step();
   // Stacks after `bytes` from the current ones; false if none survives and the grammar cannot
   // have ended exactly there.
-  bool advance_bytes(std::string_view bytes, std::vector<int32_t>& stacks, bool& can_end);
+  bool advance_bytes(std::string_view bytes, std::vector<detail::StackTop>& stacks, bool& can_end);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   detail::StackPool pool_;
   detail::Stepper stepper_;
   detail::PrefixWalker walker_;
-  std::vector<int32_t> stacks_;  // current stacks (each top reads a byte)
+  std::vector<detail::StackTop> stacks_;  // current stacks (each top reads a byte)
   bool can_end_ = false;
   bool terminated_ = false;
   std::vector<Step> history_;
-  std::vector<int32_t> saved_stacks_;
-  std::vector<int32_t> scratch_a_, scratch_b_, single_;
+  std::vector<detail::StackTop> saved_stacks_;
+  std::vector<detail::StackTop> scratch_a_, scratch_b_, single_;
 };
 
 }  // namespace di::grammar

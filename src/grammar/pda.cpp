@@ -38,58 +38,50 @@ void StackPool::truncate(size_t n) {
   }
 }
 
-void Stepper::new_epoch() {
-  if (++epoch_ == 0) {
-    stamp_.assign(stamp_.size(), 0);
-    epoch_ = 1;
+void Stepper::visit(StackTop t) {
+  // Sets are small (one stack per live parse); a linear scan beats hashing here.
+  for (const StackTop& v : visited_) {
+    if (v == t) return;
   }
+  visited_.push_back(t);
+  work_.push_back(t);
 }
 
-void Stepper::visit(int32_t node) {
-  if (stamp_.size() <= static_cast<size_t>(node)) stamp_.resize(pool_.size() + 1024, 0);
-  if (stamp_[node] == epoch_) return;
-  stamp_[node] = epoch_;
-  work_.push_back(node);
-}
-
-bool Stepper::expand(int32_t node, std::vector<int32_t>& out) {
+bool Stepper::expand(StackTop top, std::vector<StackTop>& out) {
   bool ended = false;
-  visit(node);
+  visit(top);
   while (!work_.empty()) {
-    const int32_t n = work_.back();
+    const StackTop t = work_.back();
     work_.pop_back();
-    const StackNode sn = pool_[n];
-    const Automaton::State& st = a_.states[sn.state];
-    if (st.has_bytes) out.push_back(n);
+    const Automaton::State& st = a_.states[t.state];
+    if (st.has_bytes) out.push_back(t);
     for (uint32_t c = st.call_begin; c < st.call_end; ++c) {
       const Automaton::Call& call = a_.calls[c];
-      const int32_t ret = pool_.intern(call.ret, sn.parent);
-      visit(pool_.intern(call.callee_start, ret));
+      visit({call.callee_start, pool_.intern(call.ret, t.parent)});
     }
     if (st.final) {
-      if (sn.parent < 0) {
+      if (t.parent < 0) {
         ended = true;
       } else {
-        visit(sn.parent);
+        visit(pool_[t.parent]);
       }
     }
   }
   return ended;
 }
 
-bool Stepper::advance(const std::vector<int32_t>& in, uint8_t byte, std::vector<int32_t>& out) {
+bool Stepper::advance(const std::vector<StackTop>& in, uint8_t byte, std::vector<StackTop>& out) {
   out.clear();
   new_epoch();
   bool ended = false;
-  for (int32_t n : in) {
-    const StackNode sn = pool_[n];
-    const int32_t t = a_.step(sn.state, byte);
-    if (t >= 0) ended |= expand(pool_.intern(t, sn.parent), out);
+  for (const StackTop& t : in) {
+    const int32_t next = a_.step(t.state, byte);
+    if (next >= 0) ended |= expand({next, t.parent}, out);
   }
   return ended;
 }
 
-void PrefixWalker::reset(const std::vector<int32_t>& start, const ByteSet* follow) {
+void PrefixWalker::reset(const std::vector<StackTop>& start, const ByteSet* follow) {
   follow_ = follow;
   if (sets_.empty()) {
     sets_.resize(1);
@@ -120,8 +112,20 @@ size_t PrefixWalker::walk(std::string_view token, size_t shared) {
     const uint8_t b = static_cast<uint8_t>(token[d]);
     exited_[d + 1] = exited_[d] || (ended_[d] && follow_ != nullptr && byteset_has(*follow_, b));
     pool_mark_[d] = pool_.size();
-    ended_[d + 1] = stepper_.advance(sets_[d], b, sets_[d + 1]);
     ++d;
+    const std::vector<StackTop>& in = sets_[d - 1];
+    if (in.size() == 1) {
+      // Fast path: one stack stepping inside its rule (no call, cannot end) needs no closure.
+      const int32_t next = a_.step(in[0].state, b);
+      const Automaton::State& st = a_.states[next < 0 ? 0 : next];
+      if (next < 0 || (st.call_begin == st.call_end && !st.final)) {
+        ended_[d] = 0;
+        sets_[d].clear();
+        if (next >= 0) sets_[d].push_back({next, in[0].parent});
+        continue;
+      }
+    }
+    ended_[d] = stepper_.advance(in, b, sets_[d]);
   }
   valid_ = d;
   return d;

@@ -1,9 +1,10 @@
 // The pushdown automaton's stacks and its byte step (internal to the grammar engine).
 //
-// A stack is a chain of nodes (state, parent). Nodes are hash-consed, so equal stacks are the same
-// node id and a set of stacks deduplicates by id; this also stops the closure from looping on
-// nullable calls. Nodes are freed last-in first-out (truncate), which is how a mask computation
-// drops its scratch stacks and how rollback drops the stacks of undone tokens.
+// A stack is its top (state, parent node) over a chain of nodes (state, parent). Nodes are
+// hash-consed, so equal stacks have equal tops and a set of stacks deduplicates by top; this also
+// stops the closure from looping on nullable calls. A byte step inside one rule changes only the
+// top and allocates nothing. Nodes are freed last-in first-out (truncate), which is how a mask
+// computation drops its scratch stacks and how rollback drops the stacks of undone tokens.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,9 @@ inline constexpr int32_t kContext = -2;  // an unknown caller (classification ah
 struct StackNode {
   int32_t state;
   int32_t parent;
+  bool operator==(const StackNode&) const = default;
 };
+using StackTop = StackNode;  // a stack: its top state and the node below
 
 class StackPool {
  public:
@@ -53,31 +56,29 @@ class Stepper {
  public:
   Stepper(const Automaton& a, StackPool& pool) : a_(a), pool_(pool) {}
 
-  // Adds the closure of `node` to `out`. Returns whether some path popped below the bottom frame
+  // Adds the closure of `top` to `out`. Returns whether some path popped below the bottom frame
   // (kBottom or kContext), i.e. the grammar (or the classified rule) may end here.
-  bool expand(int32_t node, std::vector<int32_t>& out);
+  bool expand(StackTop top, std::vector<StackTop>& out);
   // `out` = the stacks after reading `byte` from `in`; returns as expand().
-  bool advance(const std::vector<int32_t>& in, uint8_t byte, std::vector<int32_t>& out);
-  // Starts a new closure: nodes visited before no longer count as visited.
-  void new_epoch();
+  bool advance(const std::vector<StackTop>& in, uint8_t byte, std::vector<StackTop>& out);
+  // Starts a new closure: stacks visited before no longer count as visited.
+  void new_epoch() { visited_.clear(); }
 
  private:
-  void visit(int32_t node);
+  void visit(StackTop t);
 
   const Automaton& a_;
   StackPool& pool_;
-  std::vector<uint32_t> stamp_;
-  uint32_t epoch_ = 0;
-  std::vector<int32_t> work_;
+  std::vector<StackTop> visited_, work_;
 };
 
 // Walks tokens that come in byte order from one start set, reusing the stacks of the prefix a
 // token shares with the token before. depth d holds the stacks after the token's first d bytes.
 class PrefixWalker {
  public:
-  PrefixWalker(const Automaton& a, StackPool& pool) : stepper_(a, pool), pool_(pool) {}
+  PrefixWalker(const Automaton& a, StackPool& pool) : a_(a), stepper_(a, pool), pool_(pool) {}
   // `follow` (may be null): bytes that may come after the walked rule ends (classification).
-  void reset(const std::vector<int32_t>& start, const ByteSet* follow);
+  void reset(const std::vector<StackTop>& start, const ByteSet* follow);
   // Walks `token`, whose first `shared` bytes equal the previous token's. Returns the depth
   // reached: token.size(), or the first depth with no stack left.
   size_t walk(std::string_view token, size_t shared);
@@ -87,10 +88,11 @@ class PrefixWalker {
   bool exited_before(size_t d) const { return exited_[d]; }
 
  private:
+  const Automaton& a_;
   Stepper stepper_;
   StackPool& pool_;
   const ByteSet* follow_ = nullptr;
-  std::vector<std::vector<int32_t>> sets_;
+  std::vector<std::vector<StackTop>> sets_;
   std::vector<uint8_t> ended_, exited_;
   std::vector<size_t> pool_mark_;  // pool size before depth d + 1 was computed
   size_t valid_ = 0;
