@@ -67,6 +67,35 @@ bool has_refs(const Expr& e) {
   return false;
 }
 
+// A repetition of a wide character class: its states accept most of the vocabulary, so each copy
+// of such a rule costs a full classification. Shared as one rule, it is classified once.
+bool has_wide_loop(const Expr& e) {
+  if (e.kind == K::kRepeat && (e.max == Expr::kUnbounded || e.max > 4)) {
+    std::vector<const Expr*> stack{&e.items[0]};
+    while (!stack.empty()) {
+      const Expr* x = stack.back();
+      stack.pop_back();
+      if (x->kind == K::kClass) {
+        uint64_t n = 0;
+        for (CodeRange r : x->ranges) n += r.hi - r.lo + 1;
+        if (n > 32) return true;
+      }
+      for (const Expr& c : x->items) stack.push_back(&c);
+    }
+  }
+  for (const Expr& c : e.items) {
+    if (has_wide_loop(c)) return true;
+  }
+  return false;
+}
+
+void count_refs(const Expr& e, const std::unordered_map<std::string, int32_t>& index, std::vector<int>& counts) {
+  if (e.kind == K::kRef) {
+    if (auto it = index.find(e.text); it != index.end()) ++counts[it->second];
+  }
+  for (const Expr& c : e.items) count_refs(c, index, counts);
+}
+
 // Thompson NFA of one rule.
 struct Nfa {
   struct State {
@@ -254,10 +283,13 @@ Automaton build_automaton(const Grammar& g, const AutomatonOptions& opt) {
   for (size_t i = 0; i < rules.size(); ++i) index[rules[i].name] = static_cast<int32_t>(i);
   const auto root_it = index.find(g.root());
   if (root_it == index.end()) throw GrammarError("grammar has no rule '" + g.root() + "' (the root)");
+  std::vector<int> ref_counts(rules.size(), 0);
+  for (const Rule& r : rules) count_refs(r.body, index, ref_counts);
   std::vector<bool> inlined(rules.size(), false);
   for (size_t i = 0; i < rules.size(); ++i) {
     inlined[i] = static_cast<int32_t>(i) != root_it->second && !has_refs(rules[i].body) &&
-                 expr_size(rules[i].body) <= static_cast<size_t>(opt.inline_max_nodes);
+                 expr_size(rules[i].body) <= static_cast<size_t>(opt.inline_max_nodes) &&
+                 (ref_counts[i] <= 1 || !has_wide_loop(rules[i].body));
   }
 
   // Rules reachable from the root, in discovery order; only these are built.

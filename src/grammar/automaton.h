@@ -42,7 +42,9 @@ struct Automaton {
 
 struct AutomatonOptions {
   // Rules without references whose body has at most this many syntax nodes are copied into their
-  // callers: fewer stack frames, and more tokens classified ahead of time.
+  // callers: fewer stack frames, and more tokens classified ahead of time. Rules used more than
+  // once that loop over a wide character class (strings) stay shared: classifying each copy
+  // would cost a pass over the whole vocabulary per state.
   int inline_max_nodes = 48;
   int max_states_per_rule = 50000;
 };
