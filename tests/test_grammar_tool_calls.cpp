@@ -120,9 +120,11 @@ TEST(GrammarToolCalls, DsmlStringValuesCannotCloseTheTag) {
   std::mt19937_64 rng(4);
   int absent = 0;
   for (int i = 0; i < 3000; ++i) {
+    std::vector<std::string> pieces;
+    for (size_t n = rng() % 14; n > 0; --n) pieces.push_back(alphabet[rng() % alphabet.size()]);
+    if (i % 3 == 0) pieces.insert(pieces.begin() + static_cast<std::ptrdiff_t>(rng() % (pieces.size() + 1)), "</｜DSM");
     std::string v;
-    for (size_t n = rng() % 14; n > 0; --n) v += alphabet[rng() % alphabet.size()];
-    if (i % 3 == 0) v.insert(rng() % (v.size() + 1), "</｜DSM");
+    for (const std::string& p : pieces) v += p;
     const bool ok = v.find("</｜DSML｜") == std::string::npos;
     absent += ok;
     ASSERT_EQ(test::full_match(g, head + v + tail), ok) << v;
