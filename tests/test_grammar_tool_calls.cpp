@@ -122,7 +122,10 @@ TEST(GrammarToolCalls, DsmlStringValuesCannotCloseTheTag) {
   for (int i = 0; i < 3000; ++i) {
     std::vector<std::string> pieces;
     for (size_t n = rng() % 14; n > 0; --n) pieces.push_back(alphabet[rng() % alphabet.size()]);
-    if (i % 3 == 0) pieces.insert(pieces.begin() + static_cast<std::ptrdiff_t>(rng() % (pieces.size() + 1)), "</｜DSM");
+    if (i % 3 != 2) {
+      pieces.insert(pieces.begin() + static_cast<std::ptrdiff_t>(rng() % (pieces.size() + 1)),
+                    i % 3 == 0 ? "</｜DSM" : "</｜DSML｜");
+    }
     std::string v;
     for (const std::string& p : pieces) v += p;
     const bool ok = v.find("</｜DSML｜") == std::string::npos;
