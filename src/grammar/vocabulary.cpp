@@ -7,16 +7,6 @@
 
 namespace di::grammar {
 
-namespace {
-uint64_t fnv1a(uint64_t h, std::string_view s) {
-  for (char c : s) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-}  // namespace
-
 std::shared_ptr<const Vocabulary> Vocabulary::from_tokenizer(const Tokenizer& tok, const VocabularyOptions& opt) {
   std::shared_ptr<Vocabulary> v(new Vocabulary());
   const int32_t n = tok.vocab_size();
@@ -59,24 +49,15 @@ void Vocabulary::build(const std::vector<std::pair<std::string, int32_t>>& token
   });
   sorted_index_of_id_.assign(mask_size_, -1);
   offsets_.push_back(0);
-  uint64_t h = 0xcbf29ce484222325ull;
-  std::string_view prev;
   for (int32_t i : order) {
     const auto& [bytes, id] = tokens[i];
     if (id < 0 || id >= mask_size_) throw std::invalid_argument("grammar vocabulary: token id outside the mask");
-    size_t l = 0;
-    while (l < prev.size() && l < bytes.size() && prev[l] == bytes[l]) ++l;
-    lcp_.push_back(static_cast<int32_t>(l));
+    if (is_stop(id)) continue;  // stop tokens follow the end of the grammar, never its text
     sorted_index_of_id_[id] = static_cast<int32_t>(sorted_ids_.size());
     sorted_ids_.push_back(id);
     bytes_ += bytes;
     offsets_.push_back(static_cast<uint32_t>(bytes_.size()));
-    prev = bytes;
-    h = fnv1a(h, std::to_string(id) + ":" + std::to_string(bytes.size()) + ":");
-    h = fnv1a(h, bytes);
   }
-  for (int32_t s : stop_ids_) h = fnv1a(h, "stop" + std::to_string(s));
-  fingerprint_ = fnv1a(h, "mask" + std::to_string(mask_size_));
 }
 
 std::string_view Vocabulary::token_bytes(int32_t id) const {

@@ -18,7 +18,8 @@ struct VocabularyOptions {
   // Width of the mask in tokens (the model's logit count, may exceed the tokenizer's ids);
   // 0: the tokenizer's vocab_size.
   int32_t mask_size = 0;
-  // Tokens that end generation (EOS, <|EOT|>): allowed exactly when the grammar may end.
+  // Tokens that end generation (EOS, <|EOT|>): allowed exactly when the grammar may end, never
+  // as text.
   // Empty: the tokenizer's <｜end▁of▁sentence｜>.
   std::vector<int32_t> stop_ids;
   // Added (control) tokens are never generated under a grammar, except these, which count as
@@ -36,19 +37,15 @@ class Vocabulary {
   int32_t mask_words() const { return (mask_size_ + 31) / 32; }
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
 
-  // Text tokens in byte order: index k has id sorted_id(k), bytes sorted_bytes(k), and shares
-  // lcp(k) leading bytes with index k - 1.
+  // Text tokens in byte order: index k has id sorted_id(k) and bytes sorted_bytes(k).
   int32_t num_sorted() const { return static_cast<int32_t>(sorted_ids_.size()); }
   int32_t sorted_id(int32_t k) const { return sorted_ids_[k]; }
   std::string_view sorted_bytes(int32_t k) const {
     return std::string_view(bytes_).substr(offsets_[k], offsets_[k + 1] - offsets_[k]);
   }
-  int32_t lcp(int32_t k) const { return lcp_[k]; }
   // Bytes of a token id (empty if it is not a text token).
   std::string_view token_bytes(int32_t id) const;
   bool is_stop(int32_t id) const;
-  // A key that identifies this vocabulary's contents (for grammar caches).
-  uint64_t fingerprint() const { return fingerprint_; }
 
  private:
   Vocabulary() = default;
@@ -58,10 +55,8 @@ class Vocabulary {
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> sorted_ids_;
   std::vector<uint32_t> offsets_;
-  std::vector<int32_t> lcp_;
   std::vector<int32_t> sorted_index_of_id_;  // -1 for non-text ids
   std::string bytes_;
-  uint64_t fingerprint_ = 0;
 };
 
 }  // namespace di::grammar
