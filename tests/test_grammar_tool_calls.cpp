@@ -79,7 +79,7 @@ std::string rendered_block(const FormatCase& f, const std::vector<chat::ToolCall
 
 TEST(GrammarToolCalls, AcceptsWhatTheRendererWrites) {
   const std::vector<chat::ToolCall> two = {
-      {"c1", "function", "get_weather", R"({"city":"Paris <b>\"x\"</b> </｜DSM","days":3,"unit":"celsius"})"},
+      {"c1", "function", "get_weather", R"({"city":"Paris <b>\"x\"</b> </DSML","days":3,"unit":"celsius"})"},
       {"c2", "function", "search", R"({"query":"a<b","filters":{"site":"x.org","recent":true},"limit":null})"},
   };
   const std::vector<chat::ToolCall> one = {{"c3", "function", "ping", "{}"}};
@@ -134,6 +134,42 @@ TEST(GrammarToolCalls, DsmlStringValuesCannotCloseTheTag) {
   }
   EXPECT_GT(absent, 100);
   EXPECT_LT(absent, 2950);
+}
+
+// Control-token text inside JSON arguments would end the call early for the output parser: JSON
+// strings write U+FF5C only as an escape, so no token containing it fits inside one.
+TEST(GrammarToolCalls, JsonArgumentsNeverContainControlText) {
+  for (const FormatCase& f : formats()) {
+    SCOPED_TRACE(std::string(chat::chat_format_name(f.chat)));
+    ToolCallGrammarOptions o;
+    o.format = f.format;
+    auto g = CompiledGrammar::compile(tool_call_grammar(tools(), o).grammar, test::byte_vocab());
+    const std::string raw_bar = rendered_block(f, {{"c", "function", "search", R"({"query":"a｜b"})"}});
+    const std::string escaped_bar = rendered_block(f, {{"c", "function", "search", R"({"query":"a\uff5cb"})"}});
+    const bool dsml = f.format == ToolCallFormat::kDsmlV41 || f.format == ToolCallFormat::kDsmlV4;
+    EXPECT_EQ(test::full_match(g, raw_bar), dsml) << raw_bar;  // DSML strings are raw text
+    if (!dsml) {
+      EXPECT_TRUE(test::full_match(g, escaped_bar)) << escaped_bar;
+    }
+    const std::string filters = rendered_block(f, {{"c", "function", "search", R"({"query":"q","filters":{"site":"x｜y","recent":true}})"}});
+    EXPECT_FALSE(test::full_match(g, filters)) << filters;
+  }
+  // On the real vocabulary: inside a V3 argument string, no allowed token contains U+FF5C.
+  auto tok = test::v3_tokenizer();
+  ToolCallGrammarOptions o;
+  o.format = ToolCallFormat::kV3;
+  const ToolCallGrammar tg = tool_call_grammar(tools(), o);
+  VocabularyOptions vo;
+  vo.mask_size = 129280;
+  for (const std::string& t : tg.control_tokens) vo.text_added_ids.push_back(*tok->token_to_id(t));
+  auto g = CompiledGrammar::compile(tg.grammar, Vocabulary::from_tokenizer(*tok, vo));
+  GrammarMatcher m(g);
+  ASSERT_TRUE(m.accept_bytes("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{\"query\": \"ab"));
+  std::vector<uint32_t> mask(g->vocab().mask_words());
+  m.fill_mask(mask);
+  const auto ids = test::allowed_ids(mask, g->vocab().mask_size());
+  EXPECT_GT(ids.size(), 100000u);
+  for (int32_t id : ids) ASSERT_EQ(g->vocab().token_bytes(id).find("｜"), std::string_view::npos) << id;
 }
 
 std::shared_ptr<const Tokenizer> v41_tokenizer() {

@@ -8,7 +8,9 @@ namespace di::grammar {
 
 namespace {
 std::string options_key(const JsonSchemaOptions& o) {
-  return std::string(o.any_whitespace ? "ws1" : "ws0") + (o.additional_properties_default ? "ap1" : "ap0");
+  std::string key = std::string(o.any_whitespace ? "ws1" : "ws0") + (o.additional_properties_default ? "ap1" : "ap0");
+  for (uint32_t c : o.escaped_code_points) key += "e" + std::to_string(c);
+  return key;
 }
 }  // namespace
 

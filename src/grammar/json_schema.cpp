@@ -20,13 +20,16 @@ Expr ws_expr(const JsonSchemaOptions& opt) {
   return opt.any_whitespace ? star(cls({{' ', ' '}, {'\t', '\t'}, {'\n', '\n'}, {'\r', '\r'}})) : empty();
 }
 
-// One character of a JSON string: unescaped, or an escape (\uXXXX only for non-surrogates, so
-// every string is valid Unicode and its length in code points is its number of characters).
-Expr json_char() {
+// One character of a JSON string: unescaped (not one of `escaped`), or an escape (\uXXXX only
+// for non-surrogates, so every string is valid Unicode and its length in code points is its
+// number of characters).
+Expr json_char(const std::vector<uint32_t>& escaped) {
   const Expr hex = cls({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
   const Expr u_escape = alt({seq({cls({{'0', '9'}, {'A', 'C'}, {'a', 'c'}, {'E', 'F'}, {'e', 'f'}}), hex, hex, hex}),
                              seq({cls({{'D', 'D'}, {'d', 'd'}}), cls({{'0', '7'}}), hex, hex})});
-  return alt({cls({{'"', '"'}, {'\\', '\\'}, {0, 0x1F}}, true),
+  std::vector<CodeRange> not_plain = {{'"', '"'}, {'\\', '\\'}, {0, 0x1F}};
+  for (uint32_t c : escaped) not_plain.push_back({c, c});
+  return alt({cls(not_plain, true),
               seq({lit("\\"), alt({cls({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'}, {'f', 'f'}, {'n', 'n'},
                                         {'r', 'r'}, {'t', 't'}}),
                                    seq({lit("u"), u_escape})})})});
@@ -154,6 +157,9 @@ class SchemaCompiler {
 
   Expr ws() const { return ws_expr(opt_); }
 
+  // Compact JSON text of a literal value; all non-ASCII escaped when some code points must be.
+  std::string dump(const json& v) const { return v.dump(-1, ' ', !opt_.escaped_code_points.empty()); }
+
   Expr any_value() {
     add_json_rules(g_, opt_);
     return rule_ref("json-value");
@@ -218,11 +224,11 @@ class SchemaCompiler {
       if (!s["$ref"].is_string()) fail(path, "$ref must be a string");
       return gen_ref(s["$ref"].get<std::string>(), path);
     }
-    if (s.contains("const")) return lit(s["const"].dump());
+    if (s.contains("const")) return lit(dump(s["const"]));
     if (s.contains("enum")) {
       if (!s["enum"].is_array() || s["enum"].empty()) fail(path, "enum must be a non-empty array");
       std::vector<Expr> alts;
-      for (const json& v : s["enum"]) alts.push_back(lit(v.dump()));
+      for (const json& v : s["enum"]) alts.push_back(lit(dump(v)));
       return alt(std::move(alts));
     }
     for (const char* comb : {"anyOf", "oneOf"}) {
@@ -424,6 +430,7 @@ class SchemaCompiler {
       std::string full = (anchored_start ? "" : "[\\s\\S]*") + std::string("(?:") + p + ")" + (anchored_end ? "" : "[\\s\\S]*");
       RegexOptions ro;
       ro.json_string_body = true;
+      ro.escaped_code_points = opt_.escaped_code_points;
       Expr body;
       try {
         body = regex_to_expr(full, ro);
@@ -439,7 +446,7 @@ class SchemaCompiler {
       const int hi = s.contains("maxLength") ? s["maxLength"].get<int>() : Expr::kUnbounded;
       if (lo < 0 || (hi != Expr::kUnbounded && hi < lo)) fail(path, "bad minLength/maxLength");
       const std::string name = prefix_ + "string-" + std::to_string(lo) + "-" + (hi < 0 ? "inf" : std::to_string(hi));
-      add_rule_once(g_, name, [&] { return seq({lit("\""), repeat(json_char(), lo, hi), lit("\"")}); });
+      add_rule_once(g_, name, [&] { return seq({lit("\""), repeat(json_char(opt_.escaped_code_points), lo, hi), lit("\"")}); });
       return rule_ref(name);
     }
     add_json_rules(g_, opt_);
@@ -532,7 +539,7 @@ class SchemaCompiler {
       extra = any_value();
     }
     const Expr sep = seq({ws(), lit(","), ws()});
-    auto member = [&](size_t i) { return seq({lit(json(names[i]).dump()), ws(), lit(":"), ws(), values[i]}); };
+    auto member = [&](size_t i) { return seq({lit(dump(json(names[i]))), ws(), lit(":"), ws(), values[i]}); };
     std::optional<Expr> extra_member;
     if (extra) extra_member = seq({key_excluding(names), ws(), lit(":"), ws(), *extra});
     const size_t n = names.size();
@@ -553,7 +560,8 @@ class SchemaCompiler {
 
   // A quoted key that is none of `names`, written without escapes (so equal keys are equal text).
   Expr key_excluding(const std::vector<std::string>& names) {
-    const std::vector<CodeRange> plain = {{'"', '"'}, {'\\', '\\'}, {0, 0x1F}};
+    std::vector<CodeRange> plain = {{'"', '"'}, {'\\', '\\'}, {0, 0x1F}};  // what key characters exclude
+    for (uint32_t c : opt_.escaped_code_points) plain.push_back({c, c});
     struct Node {
       std::map<uint32_t, Node> children;
       bool terminal = false;
@@ -608,7 +616,7 @@ void add_json_rules(Grammar& g, const JsonSchemaOptions& options) {
   g.set_rule("json-object", seq({lit("{"), ws, opt(seq({member, star(seq({sep, member}))})), ws, lit("}")}));
   g.set_rule("json-array",
              seq({lit("["), ws, opt(seq({rule_ref("json-value"), star(seq({sep, rule_ref("json-value")}))})), ws, lit("]")}));
-  g.set_rule("json-string", seq({lit("\""), star(json_char()), lit("\"")}));
+  g.set_rule("json-string", seq({lit("\""), star(json_char(options.escaped_code_points)), lit("\"")}));
   g.set_rule("json-integer", seq({opt(lit("-")), int_body()}));
   g.set_rule("json-number", seq({opt(lit("-")), int_body(), opt(seq({lit("."), digits(1)})),
                                  opt(seq({cls({{'e', 'e'}, {'E', 'E'}}), opt(cls({{'+', '+'}, {'-', '-'}})), digits(1)}))}));

@@ -6,7 +6,9 @@
 // that constrains values is refused with a GrammarError naming it and where it is.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +22,9 @@ struct JsonSchemaOptions {
   // What an object without "additionalProperties" allows: false follows OpenAI's strict mode
   // (only the listed properties); true follows the JSON Schema default.
   bool additional_properties_default = false;
+  // Code points that strings may contain only as \uXXXX escapes. Tool-call grammars list U+FF5C
+  // (the bar in every DeepSeek control token), so no control-token text can appear inside JSON.
+  std::vector<uint32_t> escaped_code_points;
 };
 
 Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& opt = {});

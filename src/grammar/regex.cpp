@@ -13,10 +13,26 @@ std::vector<CodeRange> word_ranges() { return {{'0', '9'}, {'A', 'Z'}, {'_', '_'
 std::vector<CodeRange> space_ranges() { return {{'\t', '\r'}, {' ', ' '}}; }  // \t \n \v \f \r and space
 
 // The JSON encoding of one decoded code point class: plain characters as themselves, the rest as
-// escapes.
-Expr json_class(const std::vector<CodeRange>& ranges) {
+// escapes (as are the `escaped` code points).
+Expr json_class(const std::vector<CodeRange>& class_ranges, const std::vector<uint32_t>& escaped) {
   std::vector<CodeRange> plain;
   std::vector<Expr> alts;
+  std::vector<CodeRange> ranges = class_ranges;
+  for (uint32_t e : escaped) {
+    std::vector<CodeRange> without;
+    for (CodeRange r : ranges) {
+      if (e < r.lo || e > r.hi) {
+        without.push_back(r);
+        continue;
+      }
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", e);
+      alts.push_back(lit(buf));
+      if (e > r.lo) without.push_back({r.lo, e - 1});
+      if (e < r.hi) without.push_back({e + 1, r.hi});
+    }
+    ranges = std::move(without);
+  }
   for (CodeRange r : ranges) {
     for (uint32_t c = r.lo; c <= r.hi && c < 0x20; ++c) {
       static const char* kShort[] = {"b", "t", "n", nullptr, "f", "r"};
@@ -80,7 +96,7 @@ class RegexParser {
   Expr char_expr(std::vector<CodeRange> ranges, bool negated = false) {
     Expr c = cls(std::move(ranges), negated);
     if (c.ranges.empty()) fail("character class matches nothing");
-    return opt_.json_string_body ? json_class(c.ranges) : c;
+    return opt_.json_string_body ? json_class(c.ranges, opt_.escaped_code_points) : c;
   }
 
   Expr parse_alt(int depth) {
@@ -372,7 +388,7 @@ class RegexParser {
   }
 
   Expr code_point(uint32_t cp) {
-    if (opt_.json_string_body) return json_class({{cp, cp}});
+    if (opt_.json_string_body) return json_class({{cp, cp}}, opt_.escaped_code_points);
     std::string b;
     append_utf8(b, cp);
     return lit(b);

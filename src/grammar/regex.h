@@ -8,7 +8,9 @@
 // atomic groups, inline flags, \p{...}) is refused with a GrammarError naming it.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "grammar/grammar.h"
 
@@ -18,6 +20,8 @@ struct RegexOptions {
   // Match the regex against the decoded value of a JSON string: the expression then produces the
   // string's JSON-escaped body (", \ and control characters as escapes), without the quotes.
   bool json_string_body = false;
+  // With json_string_body: code points written only as \uXXXX escapes.
+  std::vector<uint32_t> escaped_code_points;
 };
 
 Expr regex_to_expr(std::string_view pattern, const RegexOptions& opt = {});

@@ -110,8 +110,12 @@ Expr dsml_invoke(Grammar& g, const ToolSpec& tool, const ToolCallGrammarOptions&
 
 }  // namespace
 
-ToolCallGrammar tool_call_grammar(const std::vector<ToolSpec>& tools, const ToolCallGrammarOptions& opt) {
+ToolCallGrammar tool_call_grammar(const std::vector<ToolSpec>& tools, const ToolCallGrammarOptions& options) {
   if (tools.empty()) throw GrammarError("a tool-call grammar needs at least one tool");
+  // Control-token text inside a JSON value would end the call early for the output parser; every
+  // DeepSeek control token contains U+FF5C, which JSON strings then write as \uff5c.
+  ToolCallGrammarOptions opt = options;
+  opt.json.escaped_code_points.push_back(0xFF5C);
   ToolCallGrammar out;
   Grammar& g = out.grammar;
   std::vector<Expr> calls;

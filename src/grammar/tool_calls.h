@@ -11,7 +11,9 @@
 //         (calls separated by \n) <｜tool▁calls▁end｜>
 //   V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
 // The control tokens these spell (｜DSML｜, <｜tool▁sep｜>, ...) must be counted as text in the
-// matcher's Vocabulary (VocabularyOptions::text_added_ids); control_tokens lists them.
+// matcher's Vocabulary (VocabularyOptions::text_added_ids); control_tokens lists them. JSON
+// strings in arguments write U+FF5C (the bar of every control token) as \uff5c, and raw DSML text
+// never contains "</｜DSML｜", so no value can end a call early.
 #pragma once
 
 #include <string>
