@@ -137,6 +137,8 @@ TEST(GrammarEbnf, ErrorsNamePositions) {
       {"root ::=\n\n  \"a\" ]", "3:7: unexpected character"},
       {"root ::= a\na ::= \"x\" a", "matches no string"},
       {"root ::= \"a\"{100001}", "too large"},
+      {"root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')'), "nested too deeply"},
+      {"root ::= [a-z]{30000}", "too large"},
   };
   for (const E& e : cases) {
     const std::string err = error_of(e.text);

@@ -167,7 +167,7 @@ TEST(GrammarJsonSchema, NumericRangesExact) {
 }
 
 TEST(GrammarJsonSchema, UnsupportedKeywordsRefused) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
+  std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type":"object","patternProperties":{"^a":{}}})", "'patternProperties'"},
       {R"({"type":"number","multipleOf":3})", "'multipleOf'"},
       {R"({"not":{"type":"string"}})", "'not'"},
@@ -187,6 +187,9 @@ TEST(GrammarJsonSchema, UnsupportedKeywordsRefused) {
       {R"({"type":"strin"})", "unknown type"},
       {R"({"type":)", "not valid JSON"},
   };
+  std::string deep = R"({"type":"string"})";
+  for (int i = 0; i < 150; ++i) deep = R"({"type":"array","items":)" + deep + "}";
+  cases.push_back({deep, "nested too deeply"});
   for (const auto& [schema, what] : cases) {
     try {
       json_schema_grammar(std::string_view(schema));

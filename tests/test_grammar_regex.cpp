@@ -138,6 +138,7 @@ TEST(GrammarRegex, RefusedFeaturesNameThemselves) {
       {"a$b", "'$'"},                   {"(ab", "missing ')'"},       {"ab)", "unbalanced"},
       {"[ab", "unterminated"},          {"a**", "repeatable"},          {"*a", "without an operand"}, {"[z-a]", "out of order"},
       {"\\q", "unknown escape"},        {"\\x{D800}", "scalar"},      {"[[:foo:]]", "POSIX"},
+      {std::string(300, '(') + "a" + std::string(300, ')'), "nested too deeply"},
   };
   for (const auto& [pat, what] : cases) {
     try {

@@ -297,6 +297,7 @@ Automaton build_automaton(const Grammar& g, const AutomatonOptions& opt) {
   std::vector<int32_t> local(rules.size(), -1);
   local[root_it->second] = 0;
   std::vector<RuleDfa> dfas;
+  size_t total_states = 0;
   for (size_t k = 0; k < order.size(); ++k) {
     const int32_t r = order[k];
     Nfa nfa;
@@ -305,6 +306,10 @@ Automaton build_automaton(const Grammar& g, const AutomatonOptions& opt) {
     RuleBuilder builder(g, index, inlined, nfa);
     const int32_t accept = builder.build(rules[r].body, start);
     dfas.push_back(determinize(nfa, start, accept, opt.max_states_per_rule, rules[r].name));
+    total_states += dfas.back().states.size();
+    if (total_states > static_cast<size_t>(opt.max_states)) {
+      throw GrammarError("grammar too large (over " + std::to_string(opt.max_states) + " automaton states)");
+    }
     for (const auto& st : dfas.back().states) {
       for (const auto& [callee, t] : st.calls) {
         if (local[callee] < 0) {

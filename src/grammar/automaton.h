@@ -46,7 +46,9 @@ struct AutomatonOptions {
   // once that loop over a wide character class (strings) stay shared: classifying each copy
   // would cost a pass over the whole vocabulary per state.
   int inline_max_nodes = 48;
-  int max_states_per_rule = 50000;
+  // Each state holds a 256-entry transition table (1 KiB): these bound a grammar's memory.
+  int max_states_per_rule = 20000;
+  int max_states = 50000;
 };
 
 // Throws GrammarError for undefined rules, left recursion (naming the cycle), an empty language

@@ -541,7 +541,9 @@ class Parser {
     }
     if (c == '(') {
       ++pos_;
+      if (++depth_ > kMaxNesting) fail("groups nested too deeply");
       Expr e = parse_alt();
+      --depth_;
       skip_space();
       if (pos_ >= s_.size() || s_[pos_] != ')') fail("expected ')'");
       ++pos_;
@@ -556,8 +558,11 @@ class Parser {
     fail(std::string("unexpected character '") + c + "'");
   }
 
+  static constexpr int kMaxNesting = 200;  // bounds the parser's recursion on untrusted input
+
   std::string_view s_;
   size_t pos_ = 0;
+  int depth_ = 0;
   std::vector<std::pair<std::string, size_t>> refs_;
 };
 

@@ -211,6 +211,13 @@ class SchemaCompiler {
   }
 
   Expr gen(const json& s, const std::string& path) {
+    // Bounds the recursion on untrusted schemas ($ref cycles end at rules, not here).
+    struct Depth {
+      int& d;
+      explicit Depth(int& v) : d(++v) {}
+      ~Depth() { --d; }
+    } guard(depth_);
+    if (depth_ > 100) fail(path, "schema nested too deeply (more than 100 levels)");
     if (s.is_boolean()) {
       if (!s.get<bool>()) fail(path, "the schema 'false' allows no value");
       return any_value();
@@ -602,6 +609,7 @@ class SchemaCompiler {
   JsonSchemaOptions opt_;
   std::string prefix_;
   std::map<std::string, std::string> refs_;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -361,6 +361,7 @@ class RegexParser {
           if (kind.substr(0, 2) == "?>") fail("atomic groups are not supported");
           fail("inline flags and other (?...) groups are not supported");
         }
+        if (depth + 1 > 200) fail("groups nested too deeply");  // bounds the recursion on untrusted input
         Expr e = parse_alt(depth + 1);
         if (pos_ >= s_.size() || s_[pos_] != ')') fail("missing ')'");
         ++pos_;
