@@ -496,6 +496,19 @@ void quantize_rows(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPo
   run(m >= 16 ? pool : nullptr, m, 1, body);
 }
 
+// The fast wo_a's activations (ref::fast::scale_act_bf16): scaled bf16 values, as bf16 bits.
+void scale_rows_bf16(const float* x, int64_t m, int64_t K, ActScratch& s) {
+  const int64_t nkb = K / 32;
+  if (int64_t(s.xq.size()) < m * K) s.xq.resize(size_t(m * K));
+  if (int64_t(s.sa.size()) < m * nkb) s.sa.resize(size_t(m * nkb));
+  thread_local std::vector<float> row;
+  row.resize(size_t(K));
+  for (int64_t r = 0; r < m; ++r) {
+    ref::fast::scale_act_bf16(x + r * K, K, row.data(), s.sa.data() + r * nkb);
+    for (int64_t k = 0; k < K; ++k) s.xq[size_t(r * K + k)] = uint16_t(f32_bits(row[size_t(k)]) >> 16);
+  }
+}
+
 // Stores one panel's 32 totals (t0: columns 0-15, t1: 16-31) of which `nvalid` are real columns,
 // bf16-rounded unless the test hook asks for the fp32 totals.
 inline void store_panel(float* y, int nvalid, __m512 t0, __m512 t1) {
@@ -557,11 +570,13 @@ constexpr int64_t kFusedRows = 256;
 
 // The shared FP8/FP4 driver. pack(n0, nvalid, kb0, kb1, panel) converts a panel's weights;
 // scales(n0, nvalid, kb0, kb1, sw) writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
+// bf16_act: x is taken by scale_rows_bf16 (fast wo_a) instead of act_quant.
 template <class Pack, class Scales, class Fused>
 void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales scales, Fused fused, float* y,
-              ThreadPool* pool) {
+              ThreadPool* pool, bool bf16_act = false) {
   thread_local ActScratch act;
-  quantize_rows(x, m, K, act, pool);
+  if (bf16_act) scale_rows_bf16(x, m, K, act);
+  else quantize_rows(x, m, K, act, pool);
   const uint16_t* xq = act.xq.data();
   const float* sa = act.sa.data();
   if (m <= kFusedRows && fused(xq, sa)) return;
@@ -898,7 +913,8 @@ void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& wi
 
 }  // namespace
 
-void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+namespace {
+void linear_fp8_impl(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool, bool bf16_act) {
   const uint8_t* packed = w.packed_layout == detail::kLayoutAvx512 ? w.packed : nullptr;
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
@@ -927,7 +943,24 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
         linear_q1_packed(xq, sa, m, K, w.out, packed, nkb * kFp8BlockBytes, cvt, scale, y, pool);
         return true;
       },
-      y, pool);
+      y, pool, bf16_act);
+}
+}  // namespace
+
+void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  linear_fp8_impl(x, m, w, y, pool, false);
+}
+void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  linear_fp8_impl(x, m, w, y, pool, true);
+}
+int64_t fp8_panel_bytes(const ref::Fp8Weight& w) { return (w.in / 32) * kFp8BlockBytes; }
+void linear_bf16_fast(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
+  thread_local AlignedVector<float> xb;
+  if (int64_t(xb.size()) < m * w.in) xb.resize(size_t(m * w.in));
+  for (int64_t i = 0; i < m * w.in; ++i) xb[size_t(i)] = round_bf16(x[i]);
+  linear_bf16_logits(xb.data(), m, w, y, pool);  // pair lanes by vdpbf16ps (bf16-valued x: never its fp64 path)
+  if (round_out)
+    for (int64_t i = 0; i < m * w.out; ++i) y[i] = round_bf16(y[i]);
 }
 
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
