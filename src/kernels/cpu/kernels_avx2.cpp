@@ -158,7 +158,7 @@ inline void fp4_unit_scaled(const uint8_t* p, __m256 (&odd)[4], __m256 (&even)[4
 }
 
 // 8 E8M0 codes -> 2^(code - 127): the code is the fp32 exponent field, except 0 (2^-127, an fp32
-// subnormal) and 255 (NaN). No gather: a vgatherdps per 8 scales was ~30 % of an FP4 block.
+// subnormal) and 255 (NaN). No gather: a vgatherdps per 8 scales costs a large share of an FP4 block.
 inline __m256 fp4_scales(const uint8_t* p, int half) {
   const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half)));
   __m256i bits = _mm256_slli_epi32(c, 23);
@@ -188,8 +188,8 @@ inline void fp8_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
   for (int u = 0; u < 16; ++u) {
-    // The hardware prefetcher alone leaves one thread at ~6.5 GB/s from DRAM: fetch the codes
-    // kFp8Ahead bytes ahead (this pass reads NB x 512 contiguous bytes).
+    // The hardware prefetcher alone leaves one thread well below its share of the bandwidth: fetch
+    // the codes kFp8Ahead bytes ahead (this pass reads NB x 512 contiguous bytes).
     for (int l = 0; l < NB * 2; l += 2) _mm_prefetch(reinterpret_cast<const char*>(pb + kFp8Ahead + (u * NB * 2 + l) * 32), _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b) {
@@ -885,9 +885,9 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
     float out[3][4];
     if (m == 1) {
       // One row: the 4 weight rows of a pass come from the 4 quarters of this chunk's rows, so
-      // each is a long sequential stream across passes. Adjacent rows (4 streams of K x 2 bytes,
-      // restarting every pass) left the hardware prefetcher behind at small K: 24 GB/s at
-      // K = 1024 on two Zen 2 threads, 40 at K = 2048. Each output's sum is the same either way.
+      // each is a long sequential stream across passes (adjacent rows, 4 streams of K x 2 bytes
+      // restarting every pass, leave the hardware prefetcher behind at small K). Each output's
+      // sum is the same either way.
       const int64_t b0 = t0 * R, b1 = std::min(N, t1 * R), q = (b1 - b0 + R - 1) / R;
       for (int64_t j = 0; j < q; ++j) {
         int64_t row[4];

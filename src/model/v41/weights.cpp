@@ -130,9 +130,8 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool, const std::atomic<b
   auto check_cancel = [cancel] { throw_if_cancelled(cancel, "repacking weights"); };
   std::vector<ref::Fp8Weight*> fp8, fp8_kept;  // kept: repacked and still read in the checkpoint layout
   std::vector<ref::Fp4Weight*> fp4;
-  // Dense weights a decode step streams in full, copied as they are: from the file mapping's
-  // 4 KiB pages the head streamed at ~35 GB/s on a Zen 5 that reads ~60 GB/s from huge pages
-  // (a TLB miss and a hardware-prefetch restart every 4 KiB).
+  // Dense weights a decode step streams in full, copied as they are onto huge pages: from the
+  // file mapping's 4 KiB pages every page costs a TLB miss and a hardware-prefetch restart.
   struct Dense {
     const void* src;
     size_t bytes;
