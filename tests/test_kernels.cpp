@@ -1078,10 +1078,11 @@ TEST(Kernels, IndexScoresIntegerPath) {
 // ---- Fast numerics: every path gives the scalar contract's bits (ref::fast) ----
 namespace {
 
-// Runs kern_fn on every ISA with 1, 2 and 3 threads and row by row; each must equal want bit for bit.
+// Runs kern_fn(first row, rows, y, pool) on every ISA with 1, 2 and 3 threads and row by row; each
+// must equal want bit for bit.
 template <class KernFn>
-void expect_fast_bits(const std::string& what, const std::vector<float>& want, int64_t m, int64_t in_stride,
-                      int64_t out_stride, KernFn&& kern_fn) {
+void expect_fast_bits(const std::string& what, const std::vector<float>& want, int64_t m, int64_t out_stride,
+                      KernFn&& kern_fn) {
   IsaGuard guard;
   ThreadPool pool2(2), pool3(3);
   for (kern::Isa isa : isas()) {
@@ -1097,7 +1098,6 @@ void expect_fast_bits(const std::string& what, const std::vector<float>& want, i
     ASSERT_EQ(0, std::memcmp(got3.data(), want.data(), want.size() * 4)) << w << ": 3 threads";
     ASSERT_EQ(0, std::memcmp(rows.data(), want.data(), want.size() * 4)) << w << ": row by row";
   }
-  (void)in_stride;
 }
 
 // A 64-byte-aligned buffer for w's repacked layout on the active ISA (null: none).
@@ -1133,10 +1133,10 @@ TEST(KernelsFast, QuantLinears) {
         ref::linear_fp8(x.data(), s.m, w8.view, exact.data());
         for (size_t j = 0; j < exact.size(); ++j) differ_from_exact += bits(exact[j]) != bits(want8[j]);
         total += int64_t(exact.size());
-        expect_fast_bits("fp8" + shape, want8, s.m, s.k, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+        expect_fast_bits("fp8" + shape, want8, s.m, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
           kern::fast::linear_fp8(x.data() + r0 * s.k, m, w8.view, y, p);
         });
-        expect_fast_bits("fp4" + shape, want4, s.m, s.k, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+        expect_fast_bits("fp4" + shape, want4, s.m, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
           kern::fast::linear_fp4(x.data() + r0 * s.k, m, w4.view, y, p);
         });
         // Repacked layouts (each ISA its own).
@@ -1177,7 +1177,7 @@ TEST(KernelsFast, LinearFp8Bf16) {
       ref::linear_fp8_dequant(x.data(), s.m, w.view, exact.data());
       for (size_t j = 0; j < exact.size(); ++j) differ_from_exact += bits(exact[j]) != bits(want[j]);
       total += int64_t(exact.size());
-      expect_fast_bits("fp8_bf16" + shape, want, s.m, s.k, n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+      expect_fast_bits("fp8_bf16" + shape, want, s.m, n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
         kern::fast::linear_fp8_bf16(x.data() + r0 * s.k, m, w.view, y, p);
       });
       // On the FP8 linears' repacked layout, whole and as the model's views of the second group.
@@ -1219,13 +1219,13 @@ TEST(KernelsFast, LinearBf16AndF32) {
       for (const auto* x : {&xb, &xf}) {  // x that is not bf16-valued is rounded first
         std::vector<float> want(size_t(s.m * s.n));
         ref::fast::linear_bf16(x->data(), s.m, bw, want.data(), round_out);
-        expect_fast_bits("bf16" + shape, want, s.m, s.k, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+        expect_fast_bits("bf16" + shape, want, s.m, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
           kern::fast::linear_bf16(x->data() + r0 * s.k, m, bw, y, round_out, p);
         });
       }
     std::vector<float> want(size_t(s.m * s.n));
     ref::fast::linear_f32(xf.data(), s.m, fw, want.data());
-    expect_fast_bits("f32" + shape, want, s.m, s.k, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+    expect_fast_bits("f32" + shape, want, s.m, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
       kern::fast::linear_f32(xf.data() + r0 * s.k, m, fw, y, p);
     });
   }
@@ -1251,7 +1251,7 @@ TEST(KernelsFast, PairLanesFlushDenormals) {
     flushed += want[size_t(j)] != float(exact);
   }
   EXPECT_GT(flushed, 0) << "the data should produce denormal products";
-  expect_fast_bits("bf16 denormals", want, 1, k, n, [&](int64_t, int64_t m, float* y, ThreadPool* p) {
+  expect_fast_bits("bf16 denormals", want, 1, n, [&](int64_t, int64_t m, float* y, ThreadPool* p) {
     kern::fast::linear_bf16(x.data(), m, bw, y, false, p);
   });
 }
