@@ -2,6 +2,7 @@
 // llama.cpp's test-backend-ops): every kernel, every ISA this CPU supports, random shapes with
 // ragged edges, realistic and extreme values, and thread-count / batching invariance.
 #include <gtest/gtest.h>
+#include <immintrin.h>
 
 #include <cfloat>
 #include <cmath>
@@ -1073,3 +1074,284 @@ TEST(Kernels, IndexScoresIntegerPath) {
     }
   }
 }
+
+// ---- Fast numerics: every path gives the scalar contract's bits (ref::fast) ----
+namespace {
+
+// Runs kern_fn(first row, rows, y, pool) on every ISA with 1, 2 and 3 threads and row by row; each
+// must equal want bit for bit.
+template <class KernFn>
+void expect_fast_bits(const std::string& what, const std::vector<float>& want, int64_t m, int64_t out_stride,
+                      KernFn&& kern_fn) {
+  IsaGuard guard;
+  ThreadPool pool2(2), pool3(3);
+  for (kern::Isa isa : isas()) {
+    kern::set_isa(isa);
+    std::vector<float> got(want.size(), -1.f), got2(want.size(), -2.f), got3(want.size(), -3.f), rows(want.size(), -4.f);
+    kern_fn(int64_t(0), m, got.data(), static_cast<ThreadPool*>(nullptr));
+    kern_fn(int64_t(0), m, got2.data(), &pool2);
+    kern_fn(int64_t(0), m, got3.data(), &pool3);
+    for (int64_t r = 0; r < m; ++r) kern_fn(r, int64_t(1), rows.data() + r * out_stride, &pool2);
+    const std::string w = what + " " + kern::isa_name(isa);
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << w << ": vs the scalar contract";
+    ASSERT_EQ(0, std::memcmp(got2.data(), want.data(), want.size() * 4)) << w << ": 2 threads";
+    ASSERT_EQ(0, std::memcmp(got3.data(), want.data(), want.size() * 4)) << w << ": 3 threads";
+    ASSERT_EQ(0, std::memcmp(rows.data(), want.data(), want.size() * 4)) << w << ": row by row";
+  }
+}
+
+// A 64-byte-aligned buffer for w's repacked layout on the active ISA (null: none).
+template <class W>
+uint8_t* pack_for(W& w, std::vector<uint8_t>& buf) {
+  const size_t bytes = kern::packed_bytes(w);
+  if (!bytes) return nullptr;
+  buf.assign(bytes + 64, 0xAB);
+  uint8_t* aligned = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  return aligned;
+}
+
+}  // namespace
+
+TEST(KernelsFast, QuantLinears) {
+  std::mt19937 g(77), g_more(78);
+  int64_t differ_from_exact = 0, total = 0;
+  for (int rep = 0; rep < 2; ++rep)
+    for (const Shape* list : {kShapes, kMoreShapes}) {
+      const size_t count = list == kShapes ? std::size(kShapes) : std::size(kMoreShapes);
+      for (size_t i = 0; i < count; ++i) {
+        const Shape& s = list[i];
+        std::mt19937& gen = list == kShapes ? g : g_more;
+        const bool extreme = rep == 1;
+        auto w8 = make_fp8(gen, s.n, s.k, extreme);
+        auto w4 = make_fp4(gen, s.n, s.k, extreme);
+        const auto x = make_activations(gen, s.m * s.k, extreme);
+        const std::string shape = " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                                  (extreme ? " extreme" : "");
+        std::vector<float> want8(size_t(s.m * s.n)), want4(want8.size()), exact(want8.size());
+        ref::fast::linear_fp8(x.data(), s.m, w8.view, want8.data());
+        ref::fast::linear_fp4(x.data(), s.m, w4.view, want4.data());
+        ref::linear_fp8(x.data(), s.m, w8.view, exact.data());
+        for (size_t j = 0; j < exact.size(); ++j) differ_from_exact += bits(exact[j]) != bits(want8[j]);
+        total += int64_t(exact.size());
+        expect_fast_bits("fp8" + shape, want8, s.m, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+          kern::fast::linear_fp8(x.data() + r0 * s.k, m, w8.view, y, p);
+        });
+        expect_fast_bits("fp4" + shape, want4, s.m, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+          kern::fast::linear_fp4(x.data() + r0 * s.k, m, w4.view, y, p);
+        });
+        // Repacked layouts (each ISA its own).
+        IsaGuard guard;
+        for (kern::Isa isa : isas()) {
+          kern::set_isa(isa);
+          std::vector<uint8_t> b8, b4;
+          auto p8 = w8.view;
+          auto p4 = w4.view;
+          if (uint8_t* d = pack_for(p8, b8)) kern::pack_weight(p8, d);
+          if (uint8_t* d = pack_for(p4, b4)) kern::pack_weight(p4, d);
+          std::vector<float> got8(want8.size()), got4(want4.size());
+          kern::fast::linear_fp8(x.data(), s.m, p8, got8.data());
+          kern::fast::linear_fp4(x.data(), s.m, p4, got4.data());
+          ASSERT_EQ(0, std::memcmp(got8.data(), want8.data(), want8.size() * 4)) << "fp8 repacked " << kern::isa_name(isa) << shape;
+          ASSERT_EQ(0, std::memcmp(got4.data(), want4.data(), want4.size() * 4)) << "fp4 repacked " << kern::isa_name(isa) << shape;
+        }
+      }
+    }
+  std::printf("fast linear_fp8: %lld of %lld outputs differ from the exact block sums\n", (long long)differ_from_exact,
+              (long long)total);
+  EXPECT_GT(differ_from_exact, 0) << "the wide-range blocks should make some fp32 block sums round";
+}
+
+TEST(KernelsFast, LinearFp8Bf16) {
+  std::mt19937 g(79);
+  int64_t differ_from_exact = 0, total = 0;
+  for (int rep = 0; rep < 2; ++rep)
+    for (const Shape& s : kShapes) {
+      const bool extreme = rep == 1;
+      const int64_t n = (s.n + 31) / 32 * 32 * 2;  // whole 32-row groups: the model takes views of them
+      auto w = make_fp8(g, n, s.k, extreme);
+      auto x = make_activations(g, s.m * s.k, extreme);
+      if (extreme) x[0] = 0x1p-120f, x[1] = -3e30f;  // a flushed value; a large block scale
+      const std::string shape = " m=" + std::to_string(s.m) + " n=" + std::to_string(n) + " k=" + std::to_string(s.k);
+      std::vector<float> want(size_t(s.m * n)), exact(want.size());
+      ref::fast::linear_fp8_bf16(x.data(), s.m, w.view, want.data());
+      ref::linear_fp8_dequant(x.data(), s.m, w.view, exact.data());
+      for (size_t j = 0; j < exact.size(); ++j) differ_from_exact += bits(exact[j]) != bits(want[j]);
+      total += int64_t(exact.size());
+      expect_fast_bits("fp8_bf16" + shape, want, s.m, n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+        kern::fast::linear_fp8_bf16(x.data() + r0 * s.k, m, w.view, y, p);
+      });
+      // On the FP8 linears' repacked layout, whole and as the model's views of the second group.
+      IsaGuard guard;
+      for (kern::Isa isa : isas()) {
+        kern::set_isa(isa);
+        std::vector<uint8_t> buf;
+        auto pw = w.view;
+        if (uint8_t* d = pack_for(pw, buf)) kern::pack_weight(pw, d);
+        std::vector<float> got(want.size()), half(size_t(s.m * n / 2));
+        kern::fast::linear_fp8_bf16(x.data(), s.m, pw, got.data());
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "repacked " << kern::isa_name(isa) << shape;
+        const ref::Fp8Weight view = kern::fp8_rows(pw, n / 2, n / 2);
+        EXPECT_EQ(view.packed != nullptr, pw.packed != nullptr);
+        kern::fast::linear_fp8_bf16(x.data(), s.m, view, half.data());
+        for (int64_t r = 0; r < s.m; ++r)
+          ASSERT_EQ(0, std::memcmp(half.data() + r * n / 2, want.data() + r * n + n / 2, size_t(n / 2) * 4))
+              << "row view " << kern::isa_name(isa) << shape;
+      }
+    }
+  std::printf("fast linear_fp8_bf16: %lld of %lld outputs differ from the exact wo_a\n", (long long)differ_from_exact,
+              (long long)total);
+  EXPECT_GT(differ_from_exact, 0);
+}
+
+TEST(KernelsFast, LinearBf16AndF32) {
+  std::mt19937 g(80);
+  const Shape shapes[] = {{1, 1, 32}, {1, 17, 48}, {2, 33, 64}, {3, 24, 256}, {7, 100, 1024}, {64, 19, 96},
+                          {129, 9, 64}, {13, 37, 1056}, {1, 300, 2048}, {5, 7, 40}, {4, 9, 7}};
+  for (const Shape& s : shapes) {
+    std::vector<uint16_t> wb(size_t(s.n * s.k));
+    for (auto& v : wb) v = f32_to_bf16(std::normal_distribution<float>()(g) / std::sqrt(float(s.k)));
+    const auto wf = random_floats(g, s.n * s.k, false);
+    const ref::Bf16Weight bw{wb.data(), s.n, s.k};
+    const ref::F32Weight fw{wf.data(), s.n, s.k};
+    const auto xb = random_floats(g, s.m * s.k, true), xf = random_floats(g, s.m * s.k, false);
+    const std::string shape = " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
+    for (bool round_out : {false, true})
+      for (const auto* x : {&xb, &xf}) {  // x that is not bf16-valued is rounded first
+        std::vector<float> want(size_t(s.m * s.n));
+        ref::fast::linear_bf16(x->data(), s.m, bw, want.data(), round_out);
+        expect_fast_bits("bf16" + shape, want, s.m, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+          kern::fast::linear_bf16(x->data() + r0 * s.k, m, bw, y, round_out, p);
+        });
+      }
+    std::vector<float> want(size_t(s.m * s.n));
+    ref::fast::linear_f32(xf.data(), s.m, fw, want.data());
+    expect_fast_bits("f32" + shape, want, s.m, s.n, [&](int64_t r0, int64_t m, float* y, ThreadPool* p) {
+      kern::fast::linear_f32(xf.data() + r0 * s.k, m, fw, y, p);
+    });
+  }
+}
+
+// Pair-lane sums treat denormals as vdpbf16ps does (inputs as zero, results flushed): tiny
+// operands whose products and sums fall below 2^-126.
+TEST(KernelsFast, PairLanesFlushDenormals) {
+  std::mt19937 g(81);
+  const int64_t n = 40, k = 256;
+  std::vector<uint16_t> wb(static_cast<size_t>(n * k));
+  std::vector<float> x(static_cast<size_t>(k));
+  for (auto& v : wb) v = f32_to_bf16(std::ldexp(std::normal_distribution<float>()(g), -60 - int(g() % 10)));
+  for (auto& v : x) v = round_bf16(std::ldexp(std::normal_distribution<float>()(g), -60 - int(g() % 10)));
+  for (int i = 0; i < 8; ++i) x[size_t(i)] = bf16_to_f32(uint16_t(1 + g() % 100));  // bf16 denormals
+  const ref::Bf16Weight bw{wb.data(), n, k};
+  std::vector<float> want(static_cast<size_t>(n));
+  ref::fast::linear_bf16(x.data(), 1, bw, want.data(), false);
+  int flushed = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    double exact = 0;
+    for (int64_t i = 0; i < k; ++i) exact += double(x[size_t(i)]) * bf16_to_f32(wb[size_t(j * k + i)]);
+    flushed += want[size_t(j)] != float(exact);
+  }
+  EXPECT_GT(flushed, 0) << "the data should produce denormal products";
+  expect_fast_bits("bf16 denormals", want, 1, n, [&](int64_t, int64_t m, float* y, ThreadPool* p) {
+    kern::fast::linear_bf16(x.data(), m, bw, y, false, p);
+  });
+}
+
+TEST(KernelsFast, RmsNorm) {
+  std::mt19937 g(82);
+  for (int64_t n : {16, 64, 100, 1024, 8192}) {
+    const auto x = random_floats(g, 3 * n, true);
+    std::vector<uint16_t> w(static_cast<size_t>(n));
+    for (auto& v : w) v = f32_to_bf16(1 + 0.1f * std::normal_distribution<float>()(g));
+    std::vector<float> want(static_cast<size_t>(n)), want_s(3), got(static_cast<size_t>(n)), got_s(3);
+    ref::fast::rms_norm(x.data(), w.data(), n, 1e-20f, want.data());
+    ref::fast::rms_scales(x.data(), n, 3, n, 1e-6f, want_s.data());
+    IsaGuard guard;
+    for (kern::Isa isa : isas()) {
+      kern::set_isa(isa);
+      kern::fast::rms_norm(x.data(), w.data(), n, 1e-20f, got.data());
+      kern::fast::rms_scales(x.data(), n, 3, n, 1e-6f, got_s.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << kern::isa_name(isa) << " n=" << n;
+      EXPECT_EQ(0, std::memcmp(got_s.data(), want_s.data(), 12)) << kern::isa_name(isa) << " n=" << n;
+      EXPECT_NEAR(got_s[0], ref::rms_scale(x.data(), n, 1e-6f), 1e-5f * got_s[0]);
+    }
+  }
+}
+
+TEST(KernelsFast, SparseAttention) {
+  IsaGuard guard;
+  std::mt19937 g(83);
+  struct A {
+    int h, d;
+    int64_t rows;
+    int skips;  // 0 random, 1 decode-like list, 2 none live, 3 first chunk none live
+  };
+  int64_t differ_from_exact = 0, total = 0;
+  for (const A& a : {A{1, 8, 1, 0}, A{3, 13, 5, 0}, A{8, 64, 64, 0}, A{9, 32, 65, 0}, A{16, 128, 130, 0}, A{4, 512, 200, 0},
+                     A{2, 16, 0, 0}, A{16, 512, 640, 1}, A{5, 48, 300, 1}, A{3, 32, 130, 2}, A{4, 64, 200, 3}, A{6, 96, 150, 0}}) {
+    const auto q = random_floats(g, int64_t(a.h) * a.d, true);
+    std::vector<std::vector<float>> store;
+    std::vector<const float*> rows(size_t(a.rows));
+    for (int64_t j = 0; j < a.rows; ++j) {
+      store.push_back(random_floats(g, a.d, true));
+      bool skip = g() % 5 == 0;
+      if (a.skips == 1) skip = (j >= 37 && j < 128) || j >= 128 + 45;
+      if (a.skips == 2) skip = true;
+      if (a.skips == 3) skip = j < 64 || g() % 7 == 0;
+      rows[size_t(j)] = skip ? nullptr : store.back().data();
+    }
+    std::vector<float> sink(size_t(a.h));
+    for (auto& s : sink) s = std::normal_distribution<float>()(g);
+    const float scale = 1.f / std::sqrt(float(a.d));
+    std::vector<float> want(size_t(a.h * a.d)), exact(want.size());
+    ref::fast::sparse_attention(q.data(), a.h, a.d, rows.data(), a.rows, sink.data(), scale, want.data());
+    ref::sparse_attention(q.data(), a.h, a.d, rows.data(), a.rows, sink.data(), scale, exact.data());
+    for (size_t i = 0; i < want.size(); ++i) {
+      differ_from_exact += bits(want[i]) != bits(exact[i]);
+      EXPECT_NEAR(want[i], exact[i], 2e-2f * std::fabs(exact[i]) + 1e-3f);
+    }
+    total += int64_t(want.size());
+    for (kern::Isa isa : isas()) {
+      kern::set_isa(isa);
+      std::vector<float> got(want.size(), -1.f);
+      kern::fast::sparse_attention(q.data(), a.h, a.d, rows.data(), a.rows, sink.data(), scale, got.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+          << kern::isa_name(isa) << " h=" << a.h << " d=" << a.d << " rows=" << a.rows;
+    }
+  }
+  std::printf("fast sparse_attention: %lld of %lld outputs differ from the exact mode's\n", (long long)differ_from_exact,
+              (long long)total);
+}
+
+#if defined(__x86_64__)
+// vdpbf16ps against the contract's scalar step (ref::fast::fma_daz_ftz, odd element first) on
+// random, cancelling, tiny and denormal operands. Runs where the CPU has AVX512_BF16.
+__attribute__((target("avx512f,avx512bf16"))) static void dpbf16(float* acc, const uint16_t* a, const uint16_t* b) {
+  __m512 r = _mm512_dpbf16_ps(_mm512_loadu_ps(acc), (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
+  _mm512_storeu_ps(acc, r);
+}
+TEST(KernelsFast, Vdpbf16psMatchesContract) {
+  if (!kern::isa_supported(kern::Isa::Avx512)) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  std::mt19937 g(84);
+  int64_t lanes = 0;
+  for (int kind = 0; kind < 4; ++kind)
+    for (int it = 0; it < 50000; ++it) {
+      uint16_t a[32], b[32];
+      float acc[16], want[16];
+      auto draw = [&](int k) -> uint16_t {
+        if (kind == 3 && g() % 3 == 0) return uint16_t((g() & 0x8000) | (g() & 127));  // denormal
+        const int e = kind == 0 ? 127 + int(g() % 40) - 20 : kind == 1 ? 127 + int(g() % 4) : 127 - 63 + int(g() % 6) - 3;
+        return uint16_t((g() & 0x8000) | (uint32_t(std::max(e, 0)) << 7) | (g() & 127));
+      };
+      for (int i = 0; i < 32; ++i) a[i] = draw(0), b[i] = draw(1);
+      for (int l = 0; l < 16; ++l) {
+        acc[l] = kind == 2 ? std::ldexp(std::normal_distribution<float>()(g), -126) : bf16_to_f32(draw(2)) * 1.25f;
+        want[l] = ref::fast::fma_daz_ftz(bf16_to_f32(a[2 * l]), bf16_to_f32(b[2 * l]),
+                                          ref::fast::fma_daz_ftz(bf16_to_f32(a[2 * l + 1]), bf16_to_f32(b[2 * l + 1]), acc[l]));
+      }
+      dpbf16(acc, a, b);
+      for (int l = 0; l < 16; ++l, ++lanes)
+        ASSERT_EQ(bits(acc[l]), bits(want[l])) << "kind " << kind << " lane " << l << ": " << acc[l] << " vs " << want[l];
+    }
+  std::printf("vdpbf16ps: %lld lanes equal the contract's step\n", (long long)lanes);
+}
+#endif

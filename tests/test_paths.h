@@ -18,11 +18,13 @@ inline std::string v3_tokenizer_json() {
 #include "model/v41/model.h"
 
 namespace di::test {
-// The golden tiny model with the npm tokenizer, loaded once per test executable.
+// The golden tiny model with the npm tokenizer, loaded once per test executable, in the numerics
+// mode DEEPINFER_NUMERICS names (default fast; CTest reruns the model tests with exact).
 inline std::shared_ptr<v41::Model> golden_model_ptr() {
   static std::shared_ptr<v41::Model> m = [] {
     v41::LoadOptions o;
     o.tokenizer_path = v3_tokenizer_json();
+    o.numerics = numerics_from_env(Numerics::Fast);
     return std::shared_ptr<v41::Model>(v41::Model::load(golden_model_dir(), o));
   }();
   return m;

@@ -98,6 +98,29 @@ TEST(Batch, ThreadCountAndKernelPathDoNotChangeResults) {
   }
 }
 
+TEST(Batch, FastNumericsAreTheSameOnEveryKernelPath) {
+  // Fast numerics define one fp32 order per output that every ISA implements: the same logits.
+  Model& m = model();
+  if (m.numerics() != Numerics::Fast) GTEST_SKIP() << "exact numerics: the paths may differ at near ties";
+  const auto seqs = golden_sequences();
+  const kern::Isa saved = kern::active_isa();
+  std::vector<std::vector<float>> per_isa;
+  for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
+    if (!kern::isa_supported(isa)) continue;
+    kern::set_isa(isa);
+    Workspace ws;
+    SequenceState st = m.new_state();
+    ForwardOptions fo;
+    fo.all_logits = true;
+    std::vector<float> l;
+    m.forward(st, seqs[4], l, fo, ws);
+    per_isa.push_back(l);
+    EXPECT_TRUE(per_isa.front() == l) << kern::isa_name(isa) << " vs " << kern::isa_name(kern::Isa::Scalar);
+  }
+  kern::set_isa(saved);
+  EXPECT_GE(per_isa.size(), 2u);
+}
+
 TEST(Batch, InvalidItemLeavesEveryStateUntouched) {
   Model& m = model();
   Workspace ws;

@@ -72,7 +72,7 @@ std::string ensure_generated(const std::string& size, uint64_t seed) {
 struct ModelArgs {
   std::string model_dir, size;
   uint64_t gen_seed = 0;
-  std::string isa;
+  std::string isa, numerics;
   std::string output;
   bool json = false, quiet = false;
   bench::ModelBenchOptions opts;
@@ -86,7 +86,9 @@ void run_model(const ModelArgs& a) {
   }
   const std::string size = a.model_dir.empty() && a.size.empty() ? "tiny" : a.size;
   const std::string dir = a.model_dir.empty() ? ensure_generated(size, a.gen_seed) : a.model_dir;
-  auto model = v41::Model::load(dir);
+  v41::LoadOptions lo;
+  lo.numerics = resolve_numerics(a.numerics);
+  auto model = v41::Model::load(dir, lo);
   bench::ModelInfo info;
   info.path = dir;
   info.size = a.model_dir.empty() ? size : "";
@@ -101,7 +103,8 @@ void run_model(const ModelArgs& a) {
   bench::BenchReport r = bench::run_model_bench(*model, info, opts);
   r.date = utc_now();
   r.command = command_line();
-  const nlohmann::json j = bench::report_json(r);
+  nlohmann::json j = bench::report_json(r);
+  j["numerics"] = numerics_name(model->numerics());
   if (!a.output.empty()) {
     std::ofstream f(a.output);
     if (!f) throw std::runtime_error(a.output + ": cannot write");
@@ -182,6 +185,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--bw-bytes", m->opts.bandwidth_bytes, "bandwidth buffer bytes (default max(4 x L3, 1 GiB))");
   cmd->add_option("--bw-passes", m->opts.bandwidth_passes, "bandwidth passes (median)")->capture_default_str();
   cmd->add_option("--isa", m->isa, "force the kernel ISA")->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+  cmd->add_option("--numerics", m->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
   cmd->add_flag("--json", m->json, "print the JSON report instead of the table");
   cmd->add_option("-o,--output", m->output, "also write the JSON report to this file");
   cmd->add_flag("-q,--quiet", m->quiet, "no progress lines");

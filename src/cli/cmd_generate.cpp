@@ -21,7 +21,7 @@ namespace di::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model_dir, tokenizer, prompt, prompt_ids, dump_logits;
+  std::string model_dir, tokenizer, prompt, prompt_ids, dump_logits, numerics;
   int max_tokens = 32;
   int threads = 0;
   float temperature = 0.f;
@@ -61,6 +61,7 @@ void run(const GenerateArgs& a) {
   v41::LoadOptions lo;
   lo.tokenizer_path = a.tokenizer;
   lo.index_key_policy = a.reference_quirk ? v41::IndexKeyPolicy::Reference : v41::IndexKeyPolicy::PerSource;
+  lo.numerics = resolve_numerics(a.numerics);
   const auto t_load = std::chrono::steady_clock::now();
   auto model = v41::Model::load(dir, lo);
   const double load_s = seconds_since(t_load);
@@ -162,6 +163,7 @@ void add_generate(CLI::App& app) {
   c->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after EOS");
   c->add_option("--threads", args->threads, "Kernel threads (default: all cores)");
   c->add_flag("--no-bos", args->no_bos, "Do not prepend BOS to --prompt");
+  c->add_option("--numerics", args->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
   c->callback([args] { run(*args); });
 }
 

@@ -24,7 +24,7 @@ namespace di::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model_dir, tokenizer, chat_format = "deepseek-v4.1", log_level = "info";
+  std::string model_dir, tokenizer, chat_format = "deepseek-v4.1", log_level = "info", numerics;
   server::ServerOptions server;
   engine::EngineOptions engine;
   double cache_mib = 1024;
@@ -66,6 +66,7 @@ server::LoadedModel load_model(const ServeArgs& a, const std::string& dir, const
     v41::LoadOptions lo;
     lo.tokenizer_path = a.tokenizer;
     lo.cancel = &cancel;  // a signal while loading stops the load instead of waiting it out
+    lo.numerics = resolve_numerics(a.numerics);
     model = v41::Model::load(dir, lo);
   } catch (...) {
     {
@@ -178,6 +179,7 @@ void add_serve(CLI::App& app) {
   c->add_flag("--priority-scheduling", a->engine.priority_scheduling, "Schedule by request 'priority' instead of FCFS");
   c->add_option("--threads", a->engine.threads, "Kernel threads (0 = all cores)")->capture_default_str();
   c->add_option("--log-level", a->log_level, "trace, debug, info, warn, error")->capture_default_str();
+  c->add_option("--numerics", a->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
   c->callback([a] { run(*a); });
 }
 

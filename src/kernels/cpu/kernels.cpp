@@ -221,8 +221,17 @@ ref::Fp8Weight fp8_rows(const ref::Fp8Weight& w, int64_t row0, int64_t rows) {
   if (row0 % 32 != 0 || row0 < 0 || rows < 0 || row0 + rows > w.out) throw std::invalid_argument("fp8_rows: bad row range");
   const int64_t nkb = (w.in + 31) / 32;
   ref::Fp8Weight v{w.w + row0 * w.in, w.scale + row0 / 32 * nkb, rows, w.in};
-  if (w.packed && w.packed_layout == detail::kLayoutAvx512Dequant) {  // 32-row panels, each contiguous
-    v.packed = w.packed + row0 / 32 * avx512::dequant_panel_bytes(w);
+  if (!w.packed) return v;
+  // Every repacked layout stores 16- or 32-row panels contiguously, so a view starts at a panel.
+  int64_t offset = -1;
+  switch (w.packed_layout) {
+    case detail::kLayoutAvx512Dequant: offset = row0 / 32 * avx512::dequant_panel_bytes(w); break;
+    case detail::kLayoutAvx512: offset = row0 / 32 * avx512::fp8_panel_bytes(w); break;
+    case detail::kLayoutAvx2: offset = row0 / 16 * avx2::fp8_panel_bytes(w); break;
+    default: break;
+  }
+  if (offset >= 0) {
+    v.packed = w.packed + offset;
     v.packed_layout = w.packed_layout;
   }
   return v;
@@ -241,5 +250,55 @@ void pack_weight(ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
   w.packed = dst;
   w.packed_layout = int(current());
 }
+
+
+namespace fast {
+void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  if (current() != Isa::Scalar && w.in % 32 == 0) return kern::linear_fp8(x, m, w, y, pool);
+  ref::fast::linear_fp8(x, m, w, y);
+}
+void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  if (current() != Isa::Scalar && w.in % 32 == 0) return kern::linear_fp4(x, m, w, y, pool);
+  ref::fast::linear_fp4(x, m, w, y);
+}
+void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  if (w.in % 32 == 0) {
+    if (current() == Isa::Avx512) return avx512::linear_fp8_bf16(x, m, w, y, pick(pool, m, w));
+    if (current() == Isa::Avx2) return avx2::linear_fp8_bf16(x, m, w, y, pick(pool, m, w));
+  }
+  ref::fast::linear_fp8_bf16(x, m, w, y);
+}
+void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  if (current() == Isa::Avx512) return avx512::linear_bf16_fast(x, m, w, y, round_out, pick(pool, m, w));
+  if (current() == Isa::Avx2 && w.in % 32 == 0) return avx2::linear_bf16_fast(x, m, w, y, round_out, pick(pool, m, w));
+  ref::fast::linear_bf16(x, m, w, y, round_out);
+}
+void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  if (current() != Isa::Scalar && w.in % 16 == 0) return avx2::linear_f32_fast(x, m, w, y, pick(pool, m, w));
+  ref::fast::linear_f32(x, m, w, y);
+}
+void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                      const float* attn_sink, float softmax_scale, float* out) {
+  if (current() != Isa::Scalar && d % 16 == 0)
+    return avx2::sparse_attention_fast(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+  ref::fast::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+}
+float rms_scale(const float* x, int64_t n, float eps) {
+  if (current() != Isa::Scalar && n % 16 == 0) return avx2::rms_scale_fast(x, n, eps);
+  return ref::fast::rms_scale(x, n, eps);
+}
+void rms_scales(const float* x, int64_t stride, int64_t rows, int64_t n, float eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = rms_scale(x + r * stride, n, eps);
+}
+void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y) {
+  const float r = rms_scale(x, n, eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = round_bf16(bf16_to_f32(weight[i]) * (x[i] * r));
+}
+}  // namespace fast
 
 }  // namespace di::kern

@@ -57,6 +57,24 @@ void act_qdq_fp4_e8m0(float* x, int64_t n);
 // the model splits query rows over its pool.
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
 
+// The `fast` numerics mode (contracts: ref::fast::*, bit for bit on every ISA). FP8/FP4 linears run
+// the same optimized kernels as above (their block sums are already fp32); the others replace the
+// exact fp64 sums by fp32 ones. Results do not depend on the pool, on m or on the batching.
+namespace fast {
+void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool = nullptr);
+void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool = nullptr);
+// wo_a (bf16 x, FP8 weight, no activation quantization). Reads the FP8 linears' repacked layout.
+void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool = nullptr);
+// bf16 weights, the head included (round_out = false).
+void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool = nullptr);
+void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool = nullptr);
+void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                      const float* attn_sink, float softmax_scale, float* out);  // single-threaded
+float rms_scale(const float* x, int64_t n, float eps);
+void rms_scales(const float* x, int64_t stride, int64_t rows, int64_t n, float eps, float* out);
+void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y);
+}  // namespace fast
+
 // Load-time repacking (like llama.cpp's CPU "repack" buffers): the same E4M3/E2M1 codes and E8M0
 // scales, reordered so that the active ISA's kernels stream them without transposing. packed_bytes
 // is 0 when the active ISA reads the checkpoint layout directly. pack_weight writes the layout to
@@ -71,8 +89,8 @@ void pack_weight(ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);
 // recomputes exactly, so keep both. packed_bytes_dequant is 0 where it is unused.
 size_t packed_bytes_dequant(const ref::Fp8Weight& w);
 void pack_weight_dequant(ref::Fp8Weight& w, uint8_t* dst, ThreadPool* pool = nullptr);  // dst: 64-byte aligned
-// Rows [row0, row0 + rows) of an FP8 weight (row0 a multiple of 32), with pack_weight_dequant's
-// layout when it has one (other repacked layouts are dropped: the view reads the checkpoint layout).
+// Rows [row0, row0 + rows) of an FP8 weight (row0 a multiple of 32), with its repacked layout (either
+// pack_weight's or pack_weight_dequant's) when it has one.
 ref::Fp8Weight fp8_rows(const ref::Fp8Weight& w, int64_t row0, int64_t rows);
 
 }  // namespace di::kern

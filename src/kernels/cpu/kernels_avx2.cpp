@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -157,7 +158,7 @@ inline void fp4_unit_scaled(const uint8_t* p, __m256 (&odd)[4], __m256 (&even)[4
 }
 
 // 8 E8M0 codes -> 2^(code - 127): the code is the fp32 exponent field, except 0 (2^-127, an fp32
-// subnormal) and 255 (NaN). No gather: a vgatherdps per 8 scales was ~30 % of an FP4 block.
+// subnormal) and 255 (NaN). No gather: a vgatherdps per 8 scales costs a large share of an FP4 block.
 inline __m256 fp4_scales(const uint8_t* p, int half) {
   const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half)));
   __m256i bits = _mm256_slli_epi32(c, 23);
@@ -187,8 +188,8 @@ inline void fp8_blocks(const float* xq, int64_t ldx, const float* sa, int64_t ld
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
   for (int u = 0; u < 16; ++u) {
-    // The hardware prefetcher alone leaves one thread at ~6.5 GB/s from DRAM: fetch the codes
-    // kFp8Ahead bytes ahead (this pass reads NB x 512 contiguous bytes).
+    // The hardware prefetcher alone leaves one thread well below its share of the bandwidth: fetch
+    // the codes kFp8Ahead bytes ahead (this pass reads NB x 512 contiguous bytes).
     for (int l = 0; l < NB * 2; l += 2) _mm_prefetch(reinterpret_cast<const char*>(pb + kFp8Ahead + (u * NB * 2 + l) * 32), _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int b = 0; b < NB; ++b) {
@@ -348,14 +349,19 @@ struct ActScratch {
 // straight from repacked codes, with the E4M3 activation values times direct_x_scale.
 constexpr int64_t kDirectRows = 4;
 
+// bf16_act: the activations are ref::fast::scale_act_bf16's scaled bf16 values (fast wo_a), not
+// act_quant's E4M3 values; both stay below 2^9 in magnitude, so the direct path's x scale applies.
 template <class Chunk, class Direct>
 void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Chunk chunk, Direct direct, bool use_direct,
-              float direct_x_scale, float* y, ThreadPool* pool) {
+              float direct_x_scale, float* y, ThreadPool* pool, bool bf16_act = false) {
   const int64_t nkb = K / 32, npanels = n_panels(N);
   thread_local ActScratch act;
   if (int64_t(act.xq.size()) < m * K) act.xq.resize(size_t(m * K)), act.codes.resize(size_t(m * K));
   if (int64_t(act.sa.size()) < m * nkb) act.sa.resize(size_t(m * nkb));
-  for (int64_t r = 0; r < m; ++r) quant_row(x + r * K, K, act.xq.data() + r * K, act.sa.data() + r * nkb, act.codes.data());
+  for (int64_t r = 0; r < m; ++r) {
+    if (bf16_act) ref::fast::scale_act_bf16(x + r * K, K, act.xq.data() + r * K, act.sa.data() + r * nkb);
+    else quant_row(x + r * K, K, act.xq.data() + r * K, act.sa.data() + r * nkb, act.codes.data());
+  }
   const float* xq = act.xq.data();
   const float* sa = act.sa.data();
   const bool in_registers = use_direct && m <= kDirectRows;
@@ -489,7 +495,8 @@ void pack_weight_fp4(const ref::Fp4Weight& w, uint8_t* dst, ThreadPool* pool) {
   });
 }
 
-void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+namespace {
+void linear_fp8_impl(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool, bool bf16_act) {
   const float* e8 = detail::e8m0_table();
   const auto& t8 = e4m3_values();
   const int64_t K = w.in, nkb = K / 32;
@@ -512,8 +519,17 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
                                          e8, T);
         });
       },
-      packed != nullptr, 0x1p119f, y, pool);
+      packed != nullptr, 0x1p119f, y, pool, bf16_act);
 }
+}  // namespace
+
+void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  linear_fp8_impl(x, m, w, y, pool, false);
+}
+void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  linear_fp8_impl(x, m, w, y, pool, true);
+}
+int64_t fp8_panel_bytes(const ref::Fp8Weight& w) { return (w.in / 32) * kFp8BlockBytes; }
 
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
   const float* e8 = detail::e8m0_table();
@@ -805,6 +821,15 @@ inline float reduce16(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
+// MXCSR's DAZ and FTZ on this thread while in scope: the FMAs then treat denormals as vdpbf16ps does
+// (inputs read as zero, results flushed), so the lanes match the AVX-512 kernel in every case; the
+// reduction tree runs outside it, as AVX-512's does.
+struct DenormalsAsVdpbf16ps {
+  const unsigned saved = _mm_getcsr();
+  DenormalsAsVdpbf16ps() { _mm_setcsr(saved | 0x8040); }
+  ~DenormalsAsVdpbf16ps() { _mm_setcsr(saved); }
+};
+
 // R weight rows x M x rows; xs: per row, per chunk [odd 0-7, even 0-7, odd 8-15, even 8-15].
 template <int R, int M>
 inline void logits_tile(const float* xs, int64_t ldx, const uint16_t* const* wr, int64_t nc, float* out, int64_t ldo) {
@@ -814,21 +839,24 @@ inline void logits_tile(const float* xs, int64_t ldx, const uint16_t* const* wr,
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
   const __m256i hi_mask = _mm256_set1_epi32(int(0xffff0000u));
-  for (int64_t c = 0; c < nc; ++c) {
+  {
+    const DenormalsAsVdpbf16ps daz;
+    for (int64_t c = 0; c < nc; ++c) {
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i)
+      for (int i = 0; i < R; ++i)
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + c * 32 + 16 * h));
-        const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
-        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + c * 32 + 16 * h));
+          const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
+          const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 #pragma GCC unroll 8
-        for (int r = 0; r < M; ++r) {
-          const float* xc = xs + r * ldx + c * 32 + 16 * h;
-          acc[r][i][h] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xc), acc[r][i][h]);
-          acc[r][i][h] = _mm256_fmadd_ps(even, _mm256_loadu_ps(xc + 8), acc[r][i][h]);
+          for (int r = 0; r < M; ++r) {
+            const float* xc = xs + r * ldx + c * 32 + 16 * h;
+            acc[r][i][h] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xc), acc[r][i][h]);
+            acc[r][i][h] = _mm256_fmadd_ps(even, _mm256_loadu_ps(xc + 8), acc[r][i][h]);
+          }
         }
-      }
+    }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < M; ++r)
@@ -857,9 +885,9 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
     float out[3][4];
     if (m == 1) {
       // One row: the 4 weight rows of a pass come from the 4 quarters of this chunk's rows, so
-      // each is a long sequential stream across passes. Adjacent rows (4 streams of K x 2 bytes,
-      // restarting every pass) left the hardware prefetcher behind at small K: 24 GB/s at
-      // K = 1024 on two Zen 2 threads, 40 at K = 2048. Each output's sum is the same either way.
+      // each is a long sequential stream across passes (adjacent rows, 4 streams of K x 2 bytes
+      // restarting every pass, leave the hardware prefetcher behind at small K). Each output's
+      // sum is the same either way.
       const int64_t b0 = t0 * R, b1 = std::min(N, t1 * R), q = (b1 - b0 + R - 1) / R;
       for (int64_t j = 0; j < q; ++j) {
         int64_t row[4];
@@ -1081,6 +1109,174 @@ void index_scores(const float* q, const float* w, int n_heads, int d, const floa
       }
     }
     for (int b = 0; b < nk; ++b) out[u0 + b] = round_bf16(acc[b]);
+  }
+}
+
+// ---- fast numerics (contracts: ref::fast) ----
+
+void linear_bf16_fast(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
+  thread_local std::vector<float> xb;
+  if (int64_t(xb.size()) < m * w.in) xb.resize(size_t(m * w.in));
+  for (int64_t i = 0; i < m * w.in; ++i) xb[size_t(i)] = round_bf16(x[i]);
+  linear_bf16_logits(xb.data(), m, w, y, pool);  // the head's pair lanes, K % 32 == 0
+  if (round_out)
+    for (int64_t i = 0; i < m * w.out; ++i) y[i] = round_bf16(y[i]);
+}
+
+namespace {
+// Lanes 0-7 (lo) and 8-15 (hi) of an fma-lane sum -> the halving tree (reduce16 above is that tree).
+// R weight rows x M x rows, 16 elements per step.
+template <int R, int M>
+inline void f32_tile(const float* x, int64_t K, const float* const* wr, float (&out)[3][4]) {
+  __m256 acc[M][R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m256 w0 = _mm256_loadu_ps(wr[i] + k), w1 = _mm256_loadu_ps(wr[i] + k + 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) {
+        acc[r][i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k), w0, acc[r][i][0]);
+        acc[r][i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k + 8), w1, acc[r][i][1]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) out[r][i] = reduce16(acc[r][i][0], acc[r][i][1]);
+}
+}  // namespace
+
+void linear_f32_fast(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
+  const int64_t K = w.in, N = w.out;
+  run(pool, (N + 3) / 4, 1, [&](int64_t t0, int64_t t1, int) {
+    float out[3][4];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * 4;
+      const int rows = int(std::min<int64_t>(4, N - n0));
+      const float* wr[4];
+      for (int i = 0; i < 4; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
+      for (int64_t r0 = 0; r0 < m; r0 += 3) {
+        const int M = int(std::min<int64_t>(3, m - r0));
+        if (M == 3) f32_tile<4, 3>(x + r0 * K, K, wr, out);
+        else if (M == 2) f32_tile<4, 2>(x + r0 * K, K, wr, out);
+        else f32_tile<4, 1>(x + r0 * K, K, wr, out);
+        for (int r = 0; r < M; ++r)
+          for (int i = 0; i < rows; ++i) y[(r0 + r) * N + n0 + i] = out[r][i];
+      }
+    }
+  });
+}
+
+float rms_scale_fast(const float* x, int64_t n, float eps) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+    a0 = _mm256_fmadd_ps(v0, v0, a0);
+    a1 = _mm256_fmadd_ps(v1, v1, a1);
+  }
+  return 1.0f / std::sqrt(reduce16(a0, a1) / float(n) + eps);
+}
+
+// ref::fast::sparse_attention: scores of all heads first (fma lanes, 4 heads per kv load), then per
+// chunk and head the recurrence (libm expf, fp32 probability sum in entry order), and P.V by FMAs
+// in entry order over 16 channels x 4 heads at a time. Only live rows are scored; a chunk with
+// none is skipped (its probabilities are 0 and its rescale exp(0) = 1: an exact no-op).
+void sparse_attention_fast(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                           const float* attn_sink, float softmax_scale, float* out) {
+  constexpr int64_t kChunk = 64;
+  constexpr int HG = 4;
+  const int H = n_heads, HP = (H + HG - 1) / HG * HG;
+  thread_local std::vector<float> qs, scores, accs;
+  if (qs.size() < size_t(HP) * d) qs.resize(size_t(HP) * d);
+  if (scores.size() < size_t(HP) * n_rows) scores.resize(size_t(HP) * n_rows);
+  if (accs.size() < size_t(HP) * d) accs.resize(size_t(HP) * d);
+  float* qp = qs.data();
+  std::copy(q, q + size_t(H) * d, qp);
+  std::fill(qp + size_t(H) * d, qp + size_t(HP) * d, 0.f);
+  float* sc = scores.data();  // [head][row]
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const float* kv = kv_rows[j];
+    if (!kv) {
+      for (int h = 0; h < HP; ++h) sc[size_t(h) * n_rows + j] = -INFINITY;
+      continue;
+    }
+    for (int h0 = 0; h0 < HP; h0 += HG) {
+      __m256 a[HG][2];
+#pragma GCC unroll 4
+      for (int h = 0; h < HG; ++h) a[h][0] = a[h][1] = _mm256_setzero_ps();
+      for (int i = 0; i < d; i += 16) {
+        const __m256 k0 = _mm256_loadu_ps(kv + i), k1 = _mm256_loadu_ps(kv + i + 8);
+#pragma GCC unroll 4
+        for (int h = 0; h < HG; ++h) {
+          const float* qh = qp + size_t(h0 + h) * d + i;
+          a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qh), k0, a[h][0]);
+          a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8), k1, a[h][1]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < HG; ++h) sc[size_t(h0 + h) * n_rows + j] = reduce16(a[h][0], a[h][1]) * softmax_scale;
+    }
+  }
+  float* acc = accs.data();
+  std::fill(acc, acc + size_t(HP) * d, 0.f);
+  float running_max[HG], denom[HG], rescale[HG];
+  alignas(32) float pb[kChunk][HG];
+  for (int h0 = 0; h0 < HP; h0 += HG) {
+    for (int h = 0; h < HG; ++h) running_max[h] = -1e30f, denom[h] = 0.f;
+    for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
+      const int64_t c1 = std::min(n_rows, c0 + kChunk);
+      bool live = false;
+      for (int64_t j = c0; j < c1 && !live; ++j) live = kv_rows[j] != nullptr;
+      if (!live) continue;
+      for (int h = 0; h < HG; ++h) {
+        const float* sh = sc + size_t(h0 + h) * n_rows;
+        float chunk_max = -INFINITY;
+        for (int64_t j = c0; j < c1; ++j) chunk_max = std::max(chunk_max, sh[j]);
+        const float new_max = std::max(running_max[h], chunk_max);
+        rescale[h] = std::exp(running_max[h] - new_max);
+        float psum = 0.f;
+        for (int64_t j = c0; j < c1; ++j) {
+          const float p = kv_rows[j] ? std::exp(sh[j] - new_max) : 0.f;  // exp(-inf) = 0
+          psum += p;
+          pb[j - c0][h] = round_bf16(p);
+        }
+        denom[h] = denom[h] * rescale[h] + psum;
+        running_max[h] = new_max;
+      }
+      for (int i = 0; i < d; i += 16) {
+        __m256 part[HG][2];
+#pragma GCC unroll 4
+        for (int h = 0; h < HG; ++h) part[h][0] = part[h][1] = _mm256_setzero_ps();
+        for (int64_t j = c0; j < c1; ++j) {
+          if (!kv_rows[j]) continue;
+          const __m256 k0 = _mm256_loadu_ps(kv_rows[j] + i), k1 = _mm256_loadu_ps(kv_rows[j] + i + 8);
+#pragma GCC unroll 4
+          for (int h = 0; h < HG; ++h) {
+            const __m256 p = _mm256_broadcast_ss(&pb[j - c0][h]);
+            part[h][0] = _mm256_fmadd_ps(p, k0, part[h][0]);
+            part[h][1] = _mm256_fmadd_ps(p, k1, part[h][1]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < HG; ++h) {
+          float* ah = acc + size_t(h0 + h) * d + i;
+          const __m256 r = _mm256_set1_ps(rescale[h]);
+          _mm256_storeu_ps(ah, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ah), r), part[h][0]));
+          _mm256_storeu_ps(ah + 8, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ah + 8), r), part[h][1]));
+        }
+      }
+    }
+    for (int h = 0; h < HG && h0 + h < H; ++h) {
+      const float dn = denom[h] + std::exp(attn_sink[h0 + h] - running_max[h]);
+      const float* ah = acc + size_t(h0 + h) * d;
+      float* oh = out + size_t(h0 + h) * d;
+      for (int i = 0; i < d; ++i) oh[i] = round_bf16(ah[i] / dn);
+    }
   }
 }
 

@@ -40,14 +40,13 @@ namespace {
 
 constexpr int kPanel = 32;        // output columns per panel: two zmm of 16 lanes
 constexpr int kChunkBlocks = 8;   // K blocks per packed chunk: 8 x 16 pairs x 32 columns x 4 B = 16 KB
-// Rows per microkernel call: 16 block accumulators + 16 totals (a few spill). One thread, L1-resident
-// panels: 8 rows 355-373 GFLOP/s against 6 rows' 318-337 (the 12 chains of 6 rows barely cover
-// vdpbf16ps's latency at two per cycle); the same per-column chains, so the same bits.
+// Rows per microkernel call: 16 block accumulators + 16 totals (a few spill). 16 independent
+// chains cover vdpbf16ps's latency at two per cycle (6 rows' 12 barely do); the same per-column
+// chains for any row count, so the same bits.
 constexpr int kRowTile = 8;
-// wo_a rows from which the GEMM layout of the certified kernel runs: on the checkpoint layout
-// (B16 decode: 99.4 -> 96.6 ms with it; B8 slower); on the repacked layout the panel kernel is
-// faster up to about 32 rows (one 512 x 2048 group, one thread: 346 vs 455 us at 12 rows, 630 vs
-// 706 at 24, even at 32).
+// wo_a rows from which the GEMM layout of the certified kernel (exact numerics) runs: below them
+// building the packed group costs more than it saves; on the repacked layout the panel kernel
+// stays faster up to about 32 rows (docs/kernels.md).
 constexpr int kCertifiedGemmRows = 12, kCertifiedGemmRowsPacked = 32;
 constexpr int kCertTile = 6;           // its rows per tile: 12 block sums + 12 magnitude sums (totals in L1)
 
@@ -248,7 +247,7 @@ void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, 
 // the even pair in the low nibbles and the odd pair in the high ones, so a conversion is an
 // and (or a shift and an and) and two in-lane byte lookups, where the pair-per-byte layout it
 // replaced needed a widening load, a shift, an or and vpermw, whose throughput bounded the FP4
-// kernels (one thread, a conversion-bound loop: 27 -> 36 GB/s). After all weights, 32 scale
+// kernels. After all weights, 32 scale
 // bytes per (panel, block) in column order. Rows past `out` are zero.
 inline int64_t n_panels(int64_t out) { return (out + kPanel - 1) / kPanel; }
 constexpr int64_t kFp8PairBytes = 64;  // per panel and K pair
@@ -496,6 +495,19 @@ void quantize_rows(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPo
   run(m >= 16 ? pool : nullptr, m, 1, body);
 }
 
+// The fast wo_a's activations (ref::fast::scale_act_bf16): scaled bf16 values, as bf16 bits.
+void scale_rows_bf16(const float* x, int64_t m, int64_t K, ActScratch& s) {
+  const int64_t nkb = K / 32;
+  if (int64_t(s.xq.size()) < m * K) s.xq.resize(size_t(m * K));
+  if (int64_t(s.sa.size()) < m * nkb) s.sa.resize(size_t(m * nkb));
+  thread_local std::vector<float> row;
+  row.resize(size_t(K));
+  for (int64_t r = 0; r < m; ++r) {
+    ref::fast::scale_act_bf16(x + r * K, K, row.data(), s.sa.data() + r * nkb);
+    for (int64_t k = 0; k < K; ++k) s.xq[size_t(r * K + k)] = uint16_t(f32_bits(row[size_t(k)]) >> 16);
+  }
+}
+
 // Stores one panel's 32 totals (t0: columns 0-15, t1: 16-31) of which `nvalid` are real columns,
 // bf16-rounded unless the test hook asks for the fp32 totals.
 inline void store_panel(float* y, int nvalid, __m512 t0, __m512 t1) {
@@ -549,19 +561,19 @@ void linear_q_panels(const uint16_t* xq, const float* sa, int64_t m, int64_t K, 
 }
 
 // Up to this many rows, repacked weights go through linear_q1_packed (converted in registers for
-// every 8 rows, no panel buffer). Measured on two threads, its 8-row passes beat the buffered
-// microkernel up to 128 rows (FP8 4096 x 1024: m = 32 678 -> 564 us, m = 128 2381 -> 2071 us);
-// against the 8-row microkernel (2026-12-06) still at 192-256 rows (FP8 4096 x 1024 m = 256:
-// 3613 vs 3765 us, 1024 x 4096: 3512 vs 3832; FP4 expert shapes tie), and they tie at 384-512.
+// every 8 rows, no panel buffer): its 8-row passes stream each panel once and beat the buffered
+// microkernel up to about 256 rows; beyond, the two tie (docs/kernels.md).
 constexpr int64_t kFusedRows = 256;
 
 // The shared FP8/FP4 driver. pack(n0, nvalid, kb0, kb1, panel) converts a panel's weights;
 // scales(n0, nvalid, kb0, kb1, sw) writes their fp32 block scales as sw[(kb - kb0) * 32 + column].
+// bf16_act: x is taken by scale_rows_bf16 (fast wo_a) instead of act_quant.
 template <class Pack, class Scales, class Fused>
 void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales scales, Fused fused, float* y,
-              ThreadPool* pool) {
+              ThreadPool* pool, bool bf16_act = false) {
   thread_local ActScratch act;
-  quantize_rows(x, m, K, act, pool);
+  if (bf16_act) scale_rows_bf16(x, m, K, act);
+  else quantize_rows(x, m, K, act, pool);
   const uint16_t* xq = act.xq.data();
   const float* sa = act.sa.data();
   if (m <= kFusedRows && fused(xq, sa)) return;
@@ -898,7 +910,8 @@ void linear_f64_rows(const float* x, int64_t m, int64_t N, int64_t K, Widen&& wi
 
 }  // namespace
 
-void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+namespace {
+void linear_fp8_impl(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool, bool bf16_act) {
   const uint8_t* packed = w.packed_layout == detail::kLayoutAvx512 ? w.packed : nullptr;
   static const Fp8Lut lut;
   const float* e8 = detail::e8m0_table();
@@ -927,7 +940,24 @@ void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, Th
         linear_q1_packed(xq, sa, m, K, w.out, packed, nkb * kFp8BlockBytes, cvt, scale, y, pool);
         return true;
       },
-      y, pool);
+      y, pool, bf16_act);
+}
+}  // namespace
+
+void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  linear_fp8_impl(x, m, w, y, pool, false);
+}
+void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool) {
+  linear_fp8_impl(x, m, w, y, pool, true);
+}
+int64_t fp8_panel_bytes(const ref::Fp8Weight& w) { return (w.in / 32) * kFp8BlockBytes; }
+void linear_bf16_fast(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
+  thread_local AlignedVector<float> xb;
+  if (int64_t(xb.size()) < m * w.in) xb.resize(size_t(m * w.in));
+  for (int64_t i = 0; i < m * w.in; ++i) xb[size_t(i)] = round_bf16(x[i]);
+  linear_bf16_logits(xb.data(), m, w, y, pool);  // pair lanes by vdpbf16ps (bf16-valued x: never its fp64 path)
+  if (round_out)
+    for (int64_t i = 0; i < m * w.out; ++i) y[i] = round_bf16(y[i]);
 }
 
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
@@ -999,8 +1029,7 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
 // R weight rows of the head against M bf16 x rows (each weight vector loaded once for all M),
 // fp32 accumulation per (row, weight row); out[r][i]. Block `block` of a tile's `blocks` x-row
 // blocks prefetches every blocks-th chunk of the next tile (`next` elements on in each weight row):
-// spread over the blocks, not all from the first, the prefetches made 8-32 rows 2-13 % faster
-// (two threads, 129280 x 1024, weights on huge pages).
+// spread over the blocks, not all issued by the first, the prefetches leave the loads less bunched.
 template <int R, int M>
 inline void logits_tile(const uint16_t* xr, int64_t ldx, const uint16_t* const* wr, int64_t nc, __mmask32 tail,
                         int64_t next, int block, int blocks, __m512 (&out)[8][R]) {
@@ -1049,7 +1078,7 @@ inline void logits_rows(int M, const uint16_t* xr, int64_t ldx, const uint16_t* 
 }
 
 // The head's passes over a chunk [t0, t1) of R-row tiles: a tile's R rows come from the R equal
-// parts of the chunk (R memory streams per thread: on two threads of the Zen 5, 44 -> 56 GB/s);
+// parts of the chunk (R memory streams per thread: a core keeps more reads in flight over several);
 // the chunk's last R * part .. rows go in plain tiles. Blocks of up to MaxM x rows share each
 // weight load; together they prefetch the next tile.
 template <int R, int MaxM>
@@ -1085,13 +1114,12 @@ void logits_chunk(const uint16_t* xb, int64_t m, const ref::Bf16Weight& w, int64
 // reduction tree), so results do not depend on m, the tile or the thread split. Rows whose x is
 // not bf16-exact (not the head's contract) take the exact fp64 path.
 void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, ThreadPool* pool) {
-  // 16 chunks per thread, not the pool's 4: a chunk of the head is ~1 ms on one thread, and the
-  // other thread waits for the last one claimed (same-process A/B, small model, batch 1: median
-  // step 17.76 -> 17.13 and 17.69 -> 17.15 ms; medium 51.6 -> 50.0 ms).
+  // 16 chunks per thread, not the pool's 4: a chunk of the head is long enough that the other
+  // thread otherwise waits noticeably for the last one claimed.
   constexpr int head_chunks = 16;
   const int64_t K = w.in, N = w.out, nc = (K + 31) / 32;
   // x rows (multiples of 64 bytes) on cache lines: every x load of the tiles is one line, not two
-  // (from a 16-byte-aligned heap vector, split loads made 8-16 rows 1.4-1.6x slower).
+  // (split loads across lines cost the multi-row tiles much of their speed).
   thread_local AlignedVector<uint16_t> xs;
   if (int64_t(xs.size()) < m * nc * 32) xs.resize(size_t(m * nc * 32));
   uint16_t* xb = xs.data();
@@ -1108,9 +1136,7 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
   // Weight rows per tile (independent accumulators hide the dpbf16 latency) and x rows per pass.
   // Above 6 rows with K <= 1024, one pass of up to 8 rows (3 weight rows: 24 accumulators) reads
   // each weight chunk once instead of twice (6 + 2 rows) and keeps the x block (16 KB) in L1; with
-  // longer rows that block no longer fits beside the weights (K = 2048: slower), so 4 x 6 stays.
-  // Two threads, 129280 x 1024, variants interleaved in one process, x aligned: 8 rows 6.31 ->
-  // 5.42 ms; 16 and 32 rows tie.
+  // longer rows that block no longer fits beside the weights, so 4 x 6 stays.
   const bool wide = m > 6 && K <= 1024;
   constexpr int R = 4, R_wide = 3;
   const int r_tile = wide ? R_wide : R;
@@ -1362,8 +1388,8 @@ inline void certified_dots(const uint8_t* wr, int64_t K, const uint16_t* xbf, co
     __m512i w[NR][2];
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
-      // The same bytes of the next pass's rows: a whole pass ahead. (A fixed 2 KiB ahead landed in
-      // rows this pass was already reading when K = 2048; one thread streamed ~12 GB/s, now ~19.)
+      // The same bytes of the next pass's rows: a whole pass ahead (a fixed distance lands in
+      // rows this pass is already reading when K is large).
       _mm_prefetch(reinterpret_cast<const char*>(wr + (NR + i) * K + c * 64), _MM_HINT_T0);
       cvt_pair_fp8(wr + i * K + c * 64, lut, w[i][0], w[i][1]);
     }
@@ -1571,7 +1597,7 @@ void fp8_dequant_certified_gemm(const float* x, int64_t m, const ref::Fp8Weight&
           const bool fast = scales_ok && row_hi[row] * smax <= 0x1p100f &&
                             (row_lo[row] == INFINITY || row_lo[row] * smin >= 0x1p-100f);
           // sum |x x scale| of this row and group: a bound (its rounding is within the
-          // certificate's 1.01), so 8 lanes in any order; a scalar chain was ~3 % of the kernel.
+          // certificate's 1.01), so 8 lanes in any order (a scalar chain would be latency-bound).
           const double abs_sum = fast ? scaled_abs_sum(abs_blocks + row * nkb, gscale.data(), nkb) : 0.0;
           for (int h = 0; h < 2; ++h) {
             const int cols = int(std::clamp<int64_t>(nvalid - h * 16, 0, 16));

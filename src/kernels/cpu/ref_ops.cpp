@@ -280,3 +280,175 @@ void linear_fp8_dequant(const float* x, int64_t m, const Fp8Weight& w, float* y)
   }
 }
 }  // namespace di::ref
+
+namespace di::ref::fast {
+namespace {
+constexpr float kMinNormal = 0x1p-126f;
+inline float flush(float v) { return std::fabs(v) < kMinNormal ? std::copysign(0.f, v) : v; }
+}  // namespace
+
+float fma_daz_ftz(float a, float b, float acc) { return flush(std::fma(flush(a), flush(b), flush(acc))); }
+
+float halving_sum16(const float* v) {
+  float v8[8], v4[4];
+  for (int i = 0; i < 8; ++i) v8[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; ++i) v4[i] = v8[i] + v8[i + 4];
+  return (v4[0] + v4[2]) + (v4[1] + v4[3]);
+}
+
+float dot_pair_lanes(const float* x, const uint16_t* w, int64_t K) {
+  float lane[16] = {};
+  for (int64_t c = 0; c < K; c += 32)
+    for (int l = 0; l < 16; ++l)
+      for (int64_t k : {c + 2 * l + 1, c + 2 * l})
+        if (k < K) lane[l] = fma_daz_ftz(x[k], bf16_to_f32(w[k]), lane[l]);
+  return halving_sum16(lane);
+}
+
+float dot_fma_lanes(const float* a, const float* b, int64_t K) {
+  float lane[16] = {};
+  for (int64_t k = 0; k < K; ++k) lane[k % 16] = std::fma(a[k], b[k], lane[k % 16]);
+  return halving_sum16(lane);
+}
+
+namespace {
+// total += (pair-chain block sum of xq . wv) x sa x sw for every block; wv(k) = weight element k.
+template <class Wv, class Sw>
+float block_chain_total(const float* xq, const float* sa, int64_t K, Wv&& wv, Sw&& sw) {
+  float total = 0.f;
+  for (int64_t kb = 0; kb * 32 < K; ++kb) {
+    float c = 0.f;
+    for (int64_t j = kb * 32; j < std::min(K, kb * 32 + 32); j += 2)
+      for (int64_t k : {j + 1, j})
+        if (k < K) c = fma_daz_ftz(xq[k], wv(k), c);
+    total += c * sa[kb] * sw(kb);
+  }
+  return total;
+}
+void fp8_rows_fast(const float* xq, const float* sa, int64_t r, const Fp8Weight& w, float* y) {
+  const auto& t = e4m3_table();
+  const int64_t K = w.in, N = w.out, nkb = (K + 31) / 32;
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* wr = w.w + n * K;
+    const uint8_t* sr = w.scale + (n / 32) * nkb;
+    y[r * N + n] = round_bf16(block_chain_total(xq, sa, K, [&](int64_t k) { return t[wr[k]]; },
+                                                [&](int64_t kb) { return e8m0_to_f32(sr[kb]); }));
+  }
+}
+}  // namespace
+
+void linear_fp8(const float* x, int64_t m, const Fp8Weight& w, float* y) {
+  thread_local std::vector<float> q, s;
+  for (int64_t r = 0; r < m; ++r) {
+    quantize_row(x + r * w.in, w.in, q, s);
+    fp8_rows_fast(q.data(), s.data(), r, w, y);
+  }
+}
+
+void linear_fp4(const float* x, int64_t m, const Fp4Weight& w, float* y) {
+  const int64_t K = w.in, N = w.out, nkb = K / 32;
+  thread_local std::vector<float> q, s;
+  for (int64_t r = 0; r < m; ++r) {
+    quantize_row(x + r * K, K, q, s);
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = w.w + n * (K / 2);
+      const uint8_t* sr = w.scale + n * nkb;
+      y[r * N + n] = round_bf16(block_chain_total(q.data(), s.data(), K, [&](int64_t k) { return e2m1_to_f32(fp4_get(wr, k)); },
+                                                  [&](int64_t kb) { return e8m0_to_f32(sr[kb]); }));
+    }
+  }
+}
+
+void scale_act_bf16(const float* x, int64_t K, float* xq, float* s) {
+  for (int64_t b0 = 0, bi = 0; b0 < K; b0 += 32, ++bi) {
+    const int64_t b1 = std::min<int64_t>(K, b0 + 32);
+    float amax = 1e-4f;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    s[bi] = pow2_ceil(amax * (1.0f / 448.0f));
+    for (int64_t i = b0; i < b1; ++i) {
+      const float v = round_bf16(x[i]) / s[bi];
+      xq[i] = std::fabs(v) < 0x1p-100f ? std::copysign(0.f, v) : v;
+    }
+  }
+}
+
+void linear_fp8_bf16(const float* x, int64_t m, const Fp8Weight& w, float* y) {
+  thread_local std::vector<float> q, s;
+  q.resize(size_t(w.in));
+  s.resize(size_t((w.in + 31) / 32));
+  for (int64_t r = 0; r < m; ++r) {
+    scale_act_bf16(x + r * w.in, w.in, q.data(), s.data());
+    fp8_rows_fast(q.data(), s.data(), r, w, y);
+  }
+}
+
+void linear_bf16(const float* x, int64_t m, const Bf16Weight& w, float* y, bool round_out) {
+  const int64_t K = w.in, N = w.out;
+  thread_local std::vector<float> xb;
+  xb.resize(size_t(K));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t k = 0; k < K; ++k) xb[size_t(k)] = round_bf16(x[r * K + k]);
+    for (int64_t n = 0; n < N; ++n) {
+      const float v = dot_pair_lanes(xb.data(), w.w + n * K, K);
+      y[r * N + n] = round_out ? round_bf16(v) : v;
+    }
+  }
+}
+
+void linear_f32(const float* x, int64_t m, const F32Weight& w, float* y) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t n = 0; n < w.out; ++n) y[r * w.out + n] = dot_fma_lanes(x + r * w.in, w.w + n * w.in, w.in);
+}
+
+float rms_scale(const float* x, int64_t n, float eps) {
+  const float ss = dot_fma_lanes(x, x, n);
+  return 1.0f / std::sqrt(ss / float(n) + eps);
+}
+void rms_scales(const float* x, int64_t stride, int64_t rows, int64_t n, float eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = rms_scale(x + r * stride, n, eps);
+}
+void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y) {
+  const float r = rms_scale(x, n, eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = round_bf16(bf16_to_f32(weight[i]) * (x[i] * r));
+}
+
+void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                      const float* attn_sink, float softmax_scale, float* out) {
+  constexpr int64_t kChunk = 64;
+  thread_local std::vector<float> score, acc, part;
+  score.resize(kChunk);
+  acc.resize(size_t(d));
+  part.resize(size_t(d));
+  for (int h = 0; h < n_heads; ++h) {
+    const float* qh = q + int64_t(h) * d;
+    float running_max = -1e30f, denom = 0.f;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
+      const int64_t c1 = std::min(n_rows, c0 + kChunk);
+      float chunk_max = -INFINITY;
+      for (int64_t j = c0; j < c1; ++j) {
+        const float s = kv_rows[j] ? dot_fma_lanes(qh, kv_rows[j], d) * softmax_scale : -INFINITY;
+        score[size_t(j - c0)] = s;
+        chunk_max = std::max(chunk_max, s);
+      }
+      const float new_max = std::max(running_max, chunk_max);
+      const float rescale = std::exp(running_max - new_max);
+      float psum = 0.f;
+      std::fill(part.begin(), part.end(), 0.f);
+      for (int64_t j = c0; j < c1; ++j) {
+        const float p = std::exp(score[size_t(j - c0)] - new_max);
+        psum += p;
+        if (!kv_rows[j]) continue;
+        const float pb = round_bf16(p);
+        for (int i = 0; i < d; ++i) part[size_t(i)] = std::fma(pb, kv_rows[j][i], part[size_t(i)]);
+      }
+      denom = denom * rescale + psum;
+      for (int i = 0; i < d; ++i) acc[size_t(i)] = acc[size_t(i)] * rescale + part[size_t(i)];
+      running_max = new_max;
+    }
+    denom += std::exp(attn_sink[h] - running_max);
+    for (int i = 0; i < d; ++i) out[int64_t(h) * d + i] = round_bf16(acc[size_t(i)] / denom);
+  }
+}
+
+}  // namespace di::ref::fast

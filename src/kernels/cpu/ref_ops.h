@@ -94,3 +94,58 @@ namespace di::ref {
 void linear_fp8_dequant(const float* x, int64_t m, const Fp8Weight& w, float* y);
 }  // namespace di::ref
 
+
+// The `fast` numerics mode's contracts (di::Numerics::Fast): the same rounding points as above,
+// dot products accumulated in fp32 in one fixed order per output that depends on K alone. These
+// scalar versions define the bits; every optimized kernel reproduces them exactly.
+//
+// Orders used below:
+// - pair chain (FP8/FP4 block sums): per 32-wide K block a fresh fp32 sum over the 16 K pairs in
+//   order, each pair adding its odd element's product, then its even one's (vdpbf16ps's order).
+// - pair lanes (bf16 linears, the head): 16 lanes, lane l takes K pair l of every 32-wide chunk
+//   in K order (odd element, then even), then the halving tree below.
+// - fma lanes (fp32 linears, attention scores, RMSNorm): 16 lanes, lane l takes elements
+//   k = l, l + 16, ... by fused multiply-adds, then the halving tree.
+// - halving tree of 16 lanes: v8[i] = v[i] + v[i + 8], v4[i] = v8[i] + v8[i + 4],
+//   v2[i] = v4[i] + v4[i + 2], result v2[0] + v2[1].
+// Products of bf16-valued operands are exact in fp32. Pair steps are vdpbf16ps's: an FMA that
+// reads denormal inputs as zero and flushes a denormal result to zero (the model's operands never
+// come near; the optimized paths reproduce it: AVX2 by MXCSR's DAZ/FTZ).
+namespace di::ref::fast {
+
+float fma_daz_ftz(float a, float b, float acc);
+float halving_sum16(const float* lanes);
+// x . w in pair lanes (x, w bf16-valued; elements past K count as zero).
+float dot_pair_lanes(const float* x, const uint16_t* w, int64_t K);
+// a . b in fma lanes.
+float dot_fma_lanes(const float* a, const float* b, int64_t K);
+
+// FP8 / FP4 linears: act_quant as the exact mode; block sums in pair-chain order, then
+// total += (block sum x act_scale) x weight_scale over blocks in K order; bf16 out.
+void linear_fp8(const float* x, int64_t m, const Fp8Weight& w, float* y);
+void linear_fp4(const float* x, int64_t m, const Fp4Weight& w, float* y);
+// The activation side of linear_fp8_bf16: per 32-block the power of two s that act_quant would
+// use, xq = bf16(x) / s (exact), with |xq| < 2^-100 flushed to zero (so every product and partial
+// sum stays a normal fp32 number on every path). xq: [K], s: [ceil(K/32)].
+void scale_act_bf16(const float* x, int64_t K, float* xq, float* s);
+// wo_a: bf16 x against an FP8 weight (e4m3 x block scale, as the reference dequantizes it), no
+// activation quantization: scale_act_bf16, then linear_fp8's block sums, totals and bf16 out.
+void linear_fp8_bf16(const float* x, int64_t m, const Fp8Weight& w, float* y);
+// bf16 weights (also the head): x rounded to bf16, each output x . w in pair lanes; bf16 out if
+// round_out.
+void linear_bf16(const float* x, int64_t m, const Bf16Weight& w, float* y, bool round_out);
+// fp32 weights (the mHC projections): each output x . w in fma lanes.
+void linear_f32(const float* x, int64_t m, const F32Weight& w, float* y);
+
+// RMSNorm with the sum of squares in fma lanes (then / n, + eps, 1 / sqrtf as the exact mode).
+float rms_scale(const float* x, int64_t n, float eps);
+void rms_scales(const float* x, int64_t stride, int64_t rows, int64_t n, float eps, float* out);
+void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y);
+
+// The exact mode's online softmax with fp32 arithmetic: scores q . k in fma lanes x scale; per
+// 64-entry chunk the probability sum in fp32 in entry order, bf16 probabilities, P.V per channel
+// by FMAs in entry order (bf16 x bf16 products: exact), the rescaling as in the exact mode.
+void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                      const float* attn_sink, float softmax_scale, float* out);
+
+}  // namespace di::ref::fast

@@ -127,10 +127,11 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   m->w_ = bind_weights(*m->ckpt_, m->cfg_);
   {
     ThreadPool pool(ThreadPool::default_threads());
-    m->packed_ = repack_weights(m->w_, &pool, opts.cancel);
+    m->packed_ = repack_weights(m->w_, &pool, opts.cancel, opts.numerics);
   }
   check_cancel();
   m->policy_ = opts.index_key_policy;
+  m->numerics_ = opts.numerics;
   const auto& c = m->cfg_;
   if (!c.engram_layer_ids.empty()) {
     const std::string tok = opts.tokenizer_path.empty() ? (fs::path(model_dir) / "tokenizer.json").string() : opts.tokenizer_path;
@@ -150,6 +151,36 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   return m;
 }
 
+void Model::linear(const float* x, int64_t m, const ref::Fp8Weight& w, float* y) const {
+  numerics_ == Numerics::Fast ? kern::fast::linear_fp8(x, m, w, y) : kern::linear_fp8(x, m, w, y);
+}
+void Model::linear(const float* x, int64_t m, const ref::Fp4Weight& w, float* y) const {
+  numerics_ == Numerics::Fast ? kern::fast::linear_fp4(x, m, w, y) : kern::linear_fp4(x, m, w, y);
+}
+void Model::linear(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out) const {
+  numerics_ == Numerics::Fast ? kern::fast::linear_bf16(x, m, w, y, round_out) : kern::linear_bf16(x, m, w, y, round_out);
+}
+void Model::linear(const float* x, int64_t m, const ref::F32Weight& w, float* y) const {
+  numerics_ == Numerics::Fast ? kern::fast::linear_f32(x, m, w, y) : kern::linear_f32(x, m, w, y);
+}
+void Model::linear_wo_a(const float* x, int64_t m, const ref::Fp8Weight& w, float* y) const {
+  numerics_ == Numerics::Fast ? kern::fast::linear_fp8_bf16(x, m, w, y) : kern::linear_fp8_dequant(x, m, w, y);
+}
+void Model::head(const float* x, int64_t m, float* y) const {
+  numerics_ == Numerics::Fast ? kern::fast::linear_bf16(x, m, w_.head, y, false) : kern::linear_bf16_logits(x, m, w_.head, y);
+}
+void Model::rms_norm(const float* x, const Bf16Vec& w, int64_t n, float* y) const {
+  numerics_ == Numerics::Fast ? kern::fast::rms_norm(x, w.p, n, cfg_.norm_eps, y) : ref::rms_norm(x, w.p, n, cfg_.norm_eps, y);
+}
+float Model::rms_scale(const float* x, int64_t n) const {
+  return numerics_ == Numerics::Fast ? kern::fast::rms_scale(x, n, cfg_.norm_eps) : ref::rms_scale(x, n, cfg_.norm_eps);
+}
+void Model::sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                             const float* attn_sink, float softmax_scale, float* out) const {
+  if (numerics_ == Numerics::Fast) kern::fast::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+  else kern::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+}
+
 const float* Model::rope_table(int layer, int64_t pos, float* buf) const {
   const auto& f = cfg_.compress_ratio(layer) ? freqs_yarn_ : freqs_base_;
   for (size_t i = 0; i < f.size(); ++i) {
@@ -164,11 +195,12 @@ void Model::hc_mixes(const HcWeights& w, const float* stream, int S, float* pre,
                      Workspace& ws) const {
   const int hc = cfg_.hc_mult, flat = hc * cfg_.dim, nmix = (2 + hc) * hc;
   float* mixes = sized(ws.mix, size_t(S) * nmix);
-  kern::linear_f32(stream, S, w.fn, mixes);  // one pass over the weight for all rows (rows are independent)
+  linear(stream, S, w.fn, mixes);  // one pass over the weight for all rows (rows are independent)
   for_rows(S, [&](int64_t s0, int64_t s1) {
     thread_local std::vector<float> scales;
     scales.resize(size_t(s1 - s0));
-    ref::rms_scales(stream + size_t(s0) * flat, flat, s1 - s0, flat, cfg_.norm_eps, scales.data());
+    if (numerics_ == Numerics::Fast) kern::fast::rms_scales(stream + size_t(s0) * flat, flat, s1 - s0, flat, cfg_.norm_eps, scales.data());
+    else ref::rms_scales(stream + size_t(s0) * flat, flat, s1 - s0, flat, cfg_.norm_eps, scales.data());
     for (int64_t s = s0; s < s1; ++s) {
       const float r = scales[size_t(s - s0)];
       float* mix = mixes + size_t(s) * nmix;
@@ -208,7 +240,7 @@ void Model::engram(int layer, Ctx& c) const {
       }
     }
   });
-  kern::linear_fp8(embs, c.R, E.wkv, kvs);
+  linear(embs, c.R, E.wkv, kvs);
   for_rows(int64_t(c.R) * hc, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t s = i / hc;
@@ -217,10 +249,19 @@ void Model::engram(int layer, Ctx& c) const {
       const float* value = kv + size_t(hc) * dim;
       float* X = c.stream + (size_t(s) * hc + k) * dim;
       const float* key = kv + size_t(k) * dim;
-      const float rstd = ref::rms_scale(X, dim, cfg_.norm_eps) * ref::rms_scale(key, dim, cfg_.norm_eps);
-      double dot = 0;
-      for (int d = 0; d < dim; ++d) dot += (X[d] * wqk[k * dim + d]) * key[d];
-      const float g = float(dot) * rstd * dim_scale;
+      const float rstd = rms_scale(X, dim) * rms_scale(key, dim);
+      float dot;
+      if (numerics_ == Numerics::Fast) {
+        thread_local std::vector<float> xw;
+        xw.resize(size_t(dim));
+        for (int d = 0; d < dim; ++d) xw[size_t(d)] = X[d] * wqk[k * dim + d];
+        dot = ref::fast::dot_fma_lanes(xw.data(), key, dim);
+      } else {
+        double exact = 0;
+        for (int d = 0; d < dim; ++d) exact += (X[d] * wqk[k * dim + d]) * key[d];
+        dot = float(exact);
+      }
+      const float g = dot * rstd * dim_scale;
       const float gate = ref::sigmoid(std::copysign(std::sqrt(std::max(std::fabs(g), 1e-6f)), g));
       for (int d = 0; d < dim; ++d) X[d] = round_bf16(X[d] + gate * value[d]);
     }
@@ -255,10 +296,10 @@ void Model::compress(int layer, Ctx& c, Segment& g, float* kv_new, float* gate_n
         for (int d = 0; d < D; ++d) {
           float mx = -INFINITY;
           for (int q = 0; q < r; ++q) mx = std::max(mx, gate_of(j * r + q)[d]);
-          float ex[16], sum = 0.f;
-          for (int q = 0; q < r; ++q) sum += (ex[q] = std::exp(gate_of(j * r + q)[d] - mx));
+          float sum = 0.f;
+          for (int q = 0; q < r; ++q) sum += std::exp(gate_of(j * r + q)[d] - mx);
           float acc = 0.f;
-          for (int q = 0; q < r; ++q) acc += kv_of(j * r + q)[d] * (ex[q] / sum);
+          for (int q = 0; q < r; ++q) acc += kv_of(j * r + q)[d] * (std::exp(gate_of(j * r + q)[d] - mx) / sum);
           latent[d] = round_bf16(acc);
         }
       }
@@ -272,17 +313,18 @@ void Model::compress(int layer, Ctx& c, Segment& g, float* kv_new, float* gate_n
   g.new_entries = int(count);
   if (count == 0) return;
   for_rows(count, [&](int64_t e0, int64_t e1) {
-    for (int64_t e = e0; e < e1; ++e) ref::rms_norm(lat + size_t(e) * D, A.compressor.norm.p, D, cfg_.norm_eps, lat + size_t(e) * D);
+    for (int64_t e = e0; e < e1; ++e) rms_norm(lat + size_t(e) * D, A.compressor.norm, D, lat + size_t(e) * D);
   });
   // Index keys come from the pre-RoPE latents, then the latents themselves are rotated and FP4-QDQ'd.
   float* key = sized(ws.comp_key, size_t(count) * ID);
-  kern::linear_bf16(lat, count, A.indexer.wk, key, true);
+  linear(lat, count, A.indexer.wk, key, true);
   for_rows(count, [&](int64_t e0, int64_t e1) {
-    float cs[256];
+    thread_local std::vector<float> cs_buf;
+    float* cs = sized(cs_buf, size_t(rd));
     for (int64_t e = e0; e < e1; ++e) {
       float* k = key + size_t(e) * ID;
       float* l = lat + size_t(e) * D;
-      ref::rms_norm(k, A.indexer.k_norm.p, ID, cfg_.norm_eps, k);
+      rms_norm(k, A.indexer.k_norm, ID, k);
       ref::rope_apply(k + ID - rd, rd, rope_table(layer, (first + e) * r, cs), false);
       kern::act_qdq_fp4_e8m0(k, ID);
       ref::rope_apply(l + D - rd, rd, cs, false);
@@ -400,19 +442,19 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   float* q = sized(ws.q, size_t(N) * H * D);
   float* kv = sized(ws.kv, size_t(N) * D);
   phase::Scope timer(DI_PHASE_ID("attn.projections"));
-  for_tasks(N, 2, [&](int i) { kern::linear_fp8(x, N, i == 0 ? A.wq_a : A.wkv, i == 0 ? qr : kv); });
+  for_tasks(N, 2, [&](int i) { linear(x, N, i == 0 ? A.wq_a : A.wkv, i == 0 ? qr : kv); });
   for_rows(N, [&](int64_t s0, int64_t s1) {
-    for (int64_t s = s0; s < s1; ++s) ref::rms_norm(qr + size_t(s) * QL, A.q_norm.p, QL, cfg_.norm_eps, qr + size_t(s) * QL);
+    for (int64_t s = s0; s < s1; ++s) rms_norm(qr + size_t(s) * QL, A.q_norm, QL, qr + size_t(s) * QL);
   });
-  kern::linear_fp8(qr, N, A.wq_b, q);
+  linear(qr, N, A.wq_b, q);
   // The indexer's queries and head weights, over all rows of the batch (one weight pass).
   const bool indexed = ratio && A.has_indexer;
   const int IH = cfg_.index_n_heads, ID = cfg_.index_head_dim;
   float* iq = indexed ? sized(ws.iq, size_t(N) * IH * ID) : nullptr;
   float* iw = indexed ? sized(ws.iw, size_t(N) * IH) : nullptr;
   if (indexed) {
-    kern::linear_fp8(qr, N, A.indexer.wq_b, iq);
-    kern::linear_bf16(x, N, A.indexer.weights_proj, iw, true);
+    linear(qr, N, A.indexer.wq_b, iq);
+    linear(x, N, A.indexer.weights_proj, iw, true);
   }
   // Per row, one RoPE table (kept for the output's inverse rotation below): q rotated; the window
   // KV (one latent per token, K = V) normed, rotated, then FP8-QDQ'd over all of head_dim; the
@@ -425,7 +467,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
       const float* cs = rope_table(layer, ws.row_pos[size_t(row)], cs_rows + size_t(row) * rd);
       for (int h = 0; h < H; ++h) ref::rope_apply(q + (size_t(row) * H + h) * D + D - rd, rd, cs, false);
       float* kr = kv + size_t(row) * D;
-      ref::rms_norm(kr, A.kv_norm.p, D, cfg_.norm_eps, kr);
+      rms_norm(kr, A.kv_norm, D, kr);
       ref::rope_apply(kr + D - rd, rd, cs, false);
       kern::act_qdq_fp8(kr, D);
       for (int h = 0; indexed && h < IH; ++h) {
@@ -446,8 +488,8 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   timer.next(DI_PHASE_ID("attn.compress, index"));
   if (ratio && A.has_compressor) {
     comp_kv = sized(ws.comp_proj, size_t(N) * (ratio > 1 ? 2 : 1) * D);
-    kern::linear_bf16(x, N, A.compressor.wkv, comp_kv, ratio == 1);
-    if (ratio > 1) kern::linear_bf16(x, N, A.compressor.wgate, comp_gate = comp_kv + size_t(N) * D, false);
+    linear(x, N, A.compressor.wkv, comp_kv, ratio == 1);
+    if (ratio > 1) linear(x, N, A.compressor.wgate, comp_gate = comp_kv + size_t(N) * D, false);
   }
   if (ratio)
     for (Segment& g : c.segs) {
@@ -489,7 +531,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
         rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
       }
       float* os = o + size_t(g.row0 + s) * H * D;
-      kern::sparse_attention(q + (size_t(g.row0 + s) * H + h0) * D, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale,
+      sparse_attention(q + (size_t(g.row0 + s) * H + h0) * D, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale,
                              os + size_t(h0) * D);
       const float* cs = cs_rows + size_t(g.row0 + s) * rd;
       for (int h = h0; h < h1; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
@@ -519,13 +561,13 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
         std::copy(o + size_t(s) * H * D + size_t(gi) * gin, o + size_t(s) * H * D + size_t(gi + 1) * gin, gx + size_t(s) * gin);
     });
     const ref::Fp8Weight wg = kern::fp8_rows(A.wo_a, int64_t(gi) * R, R);
-    kern::linear_fp8_dequant(gx, N, wg, gz);
+    linear_wo_a(gx, N, wg, gz);
     for_rows(N, [&](int64_t s0, int64_t s1) {
       for (int64_t s = s0; s < s1; ++s) std::copy(gz + size_t(s) * R, gz + size_t(s + 1) * R, z + size_t(s) * G * R + size_t(gi) * R);
     });
   });
   timer.next(DI_PHASE_ID("attn.wo_b"));
-  kern::linear_fp8(z, N, A.wo_b, out);
+  linear(z, N, A.wo_b, out);
 }
 
 void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
@@ -539,7 +581,7 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
   int32_t* ids = sized(ws.expert_ids, size_t(N) * K);
   float* wts = sized(ws.expert_w, size_t(N) * K);
   phase::Scope timer(DI_PHASE_ID("moe.router"));
-  kern::linear_bf16(x, N, F.gate, scores, false);
+  linear(x, N, F.gate, scores, false);
   for_rows(N, [&](int64_t s0, int64_t s1) {
     thread_local std::vector<float> biased;
     thread_local std::vector<int32_t> order;
@@ -611,10 +653,10 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
   float* us = u + slots * I;
   float* eos = eo + slots * dim;
   auto shared_expert = [&] {
-    kern::linear_fp8(x, N, F.shared.w1, gs);
-    kern::linear_fp8(x, N, F.shared.w3, us);
+    linear(x, N, F.shared.w1, gs);
+    linear(x, N, F.shared.w3, us);
     for_rows(N, [&](int64_t s0, int64_t s1) { swiglu(gs + s0 * I, us + s0 * I, int(s1 - s0), nullptr); });
-    kern::linear_fp8(gs, N, F.shared.w2, eos);
+    linear(gs, N, F.shared.w2, eos);
   };
   // As a task the shared expert goes first: it is the largest (FP8, about twice a routed
   // expert's bytes), and the pool hands tasks out in order, so placed last it ran alone on one
@@ -631,10 +673,10 @@ void Model::moe(int layer, Ctx& c, const float* x, float* out) const {
       float* ga = g + size_t(m0) * I;
       float* ua = u + size_t(m0) * I;
       if (decode) gather(m0, m0 + m);
-      kern::linear_fp4(gx + size_t(m0) * dim, m, X.w1, ga);
-      kern::linear_fp4(gx + size_t(m0) * dim, m, X.w3, ua);
+      linear(gx + size_t(m0) * dim, m, X.w1, ga);
+      linear(gx + size_t(m0) * dim, m, X.w3, ua);
       swiglu(ga, ua, m, rw + m0);
-      kern::linear_fp4(ga, m, X.w2, eo + size_t(m0) * dim);
+      linear(ga, m, X.w2, eo + size_t(m0) * dim);
     }
   });
   if (!decode) {
@@ -671,7 +713,7 @@ void Model::block(int layer, Ctx& c) const {
     for_rows(S, [&](int64_t s0, int64_t s1) {
       for (int64_t s = s0; s < s1; ++s) {
         kern::hc_collapse(c.stream + size_t(s) * hc * dim, mix + s * hc, hc, dim, x + size_t(s) * dim);
-        ref::rms_norm(x + size_t(s) * dim, norm.p, dim, cfg_.norm_eps, x + size_t(s) * dim);
+        rms_norm(x + size_t(s) * dim, norm, dim, x + size_t(s) * dim);
       }
     });
   };
@@ -852,13 +894,13 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
   for (int r = 0; r < rows; ++r) {
     const int s = out_rows[size_t(r)];
     kern::hc_collapse(stream + size_t(s) * hc * dim, pre_mix + size_t(s) * hc, hc, dim, hidden + size_t(r) * dim);
-    ref::rms_norm(hidden + size_t(r) * dim, w_.norm.p, dim, cf.norm_eps, hidden + size_t(r) * dim);
+    rms_norm(hidden + size_t(r) * dim, w_.norm, dim, hidden + size_t(r) * dim);
   }
   const size_t V = size_t(cf.vocab_size);
   // One head pass for all rows of the batch: the head is the largest weight, read once per step.
   float* all_logits = items.size() == 1 ? (items[0].logits->resize(size_t(rows) * V), items[0].logits->data())
                                         : sized(ws.head_out, size_t(rows) * V);
-  kern::linear_bf16_logits(hidden, rows, w_.head, all_logits);
+  head(hidden, rows, all_logits);
   for (size_t b = 0, r = 0; b < items.size(); ++b) {
     const int n = items[b].all_logits ? segs[b].S : 1;
     if (ob) ob->on_final_hidden(segs[b].start + segs[b].S - n, n, hidden + r * dim);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/numerics.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/v41/engram_hash.h"
@@ -28,6 +29,7 @@ enum class IndexKeyPolicy { PerSource, Reference };
 struct LoadOptions {
   std::string tokenizer_path;  // tokenizer.json for the Engram token map; default MODEL_DIR/tokenizer.json
   IndexKeyPolicy index_key_policy = IndexKeyPolicy::PerSource;
+  Numerics numerics = Numerics::Fast;  // docs/forward-pass.md: the two modes side by side
   // Set from another thread to stop a load early (a server shut down while loading): checked
   // between the load's stages and between weights, then LoadCancelled is thrown.
   const std::atomic<bool>* cancel = nullptr;
@@ -119,6 +121,7 @@ class Model {
                                          : std::min<int64_t>(cfg_.vocab_size, int64_t(token_map_.compressed.size()));
   }
   IndexKeyPolicy index_key_policy() const { return policy_; }
+  Numerics numerics() const { return numerics_; }
   void set_index_key_policy(IndexKeyPolicy p) { policy_ = p; }
   SequenceState new_state(int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr,
                           PagePool* state_pool = nullptr) const {
@@ -155,6 +158,17 @@ class Model {
   void run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens) const;
   void hc_mixes(const HcWeights& w, const float* stream, int S, float* pre, float* post, float* comb, Workspace& ws) const;
   const float* rope_table(int layer, int64_t pos, float* buf) const;
+  // The kernels of the model's numerics mode (kern:: for exact, kern::fast:: for fast).
+  void linear(const float* x, int64_t m, const ref::Fp8Weight& w, float* y) const;
+  void linear(const float* x, int64_t m, const ref::Fp4Weight& w, float* y) const;
+  void linear(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out) const;
+  void linear(const float* x, int64_t m, const ref::F32Weight& w, float* y) const;
+  void linear_wo_a(const float* x, int64_t m, const ref::Fp8Weight& w, float* y) const;
+  void head(const float* x, int64_t m, float* y) const;
+  void rms_norm(const float* x, const Bf16Vec& w, int64_t n, float* y) const;
+  float rms_scale(const float* x, int64_t n) const;
+  void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                        const float* attn_sink, float softmax_scale, float* out) const;
 
   V41Config cfg_;
   std::unique_ptr<Checkpoint> ckpt_;
@@ -163,6 +177,7 @@ class Model {
   EngramTokenMap token_map_;
   EngramConstants engram_;
   IndexKeyPolicy policy_ = IndexKeyPolicy::PerSource;
+  Numerics numerics_ = Numerics::Fast;
   std::vector<float> freqs_base_, freqs_yarn_;  // rope_head_dim/2 frequencies of the two RoPE kinds
   std::vector<float> wqk_;                      // per engram layer: q_weight * k_weight, fp32 [hc*dim]
 };

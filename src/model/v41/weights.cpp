@@ -126,13 +126,12 @@ void throw_if_cancelled(const std::atomic<bool>* cancel, const std::string& what
   if (cancel && cancel->load(std::memory_order_relaxed)) throw LoadCancelled(what + ": model loading cancelled");
 }
 
-HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool, const std::atomic<bool>* cancel) {
+HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool, const std::atomic<bool>* cancel, Numerics numerics) {
   auto check_cancel = [cancel] { throw_if_cancelled(cancel, "repacking weights"); };
   std::vector<ref::Fp8Weight*> fp8, fp8_kept;  // kept: repacked and still read in the checkpoint layout
   std::vector<ref::Fp4Weight*> fp4;
-  // Dense weights a decode step streams in full, copied as they are: from the file mapping's
-  // 4 KiB pages the head streamed at ~35 GB/s on a Zen 5 that reads ~60 GB/s from huge pages
-  // (a TLB miss and a hardware-prefetch restart every 4 KiB).
+  // Dense weights a decode step streams in full, copied as they are onto huge pages: from the
+  // file mapping's 4 KiB pages every page costs a TLB miss and a hardware-prefetch restart.
   struct Dense {
     const void* src;
     size_t bytes;
@@ -153,8 +152,12 @@ HugeBuffer repack_weights(ModelWeights& m, ThreadPool* pool, const std::atomic<b
     if (L.has_engram) fp8.push_back(&L.engram.wkv);
     for (auto& e : L.moe.experts)
       for (auto* w : {&e.w1, &e.w2, &e.w3}) fp4.push_back(w);
-    add_dense(A.wo_a.w, code_bytes(A.wo_a));  // its exact recomputations read the checkpoint layout
-    fp8_kept.push_back(&A.wo_a);
+    if (numerics == Numerics::Fast) {
+      fp8.push_back(&A.wo_a);
+    } else {
+      add_dense(A.wo_a.w, code_bytes(A.wo_a));  // its exact recomputations read the checkpoint layout
+      fp8_kept.push_back(&A.wo_a);
+    }
     add_bf16(A.compressor.wkv);
     add_bf16(A.compressor.wgate);
     add_bf16(A.indexer.weights_proj);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/huge_buffer.h"
+#include "core/numerics.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/ref_ops.h"
@@ -89,9 +90,11 @@ ModelWeights bind_weights(const Checkpoint& ckpt, const V41Config& cfg);
 // wo_a codes, bf16/fp32 projections) unchanged, repoints their views, and drops the checkpoint
 // pages all of them came from, so resident memory stays about one copy; wo_a alone is kept in
 // both layouts where its certified kernel reads the repacked one (kern::packed_bytes_dequant): its
-// exact recomputations read the checkpoint rows. Returns the buffer (huge pages where the kernel
-// allows). A set `cancel` stops it between weights with LoadCancelled.
-HugeBuffer repack_weights(ModelWeights& w, ThreadPool* pool, const std::atomic<bool>* cancel = nullptr);
+// exact recomputations read the checkpoint rows (exact numerics; fast numerics read wo_a like the
+// other FP8 linears). Returns the buffer (huge pages where the kernel allows). A set `cancel` stops
+// it between weights with LoadCancelled.
+HugeBuffer repack_weights(ModelWeights& w, ThreadPool* pool, const std::atomic<bool>* cancel = nullptr,
+                          Numerics numerics = Numerics::Exact);
 
 // Throws LoadCancelled ("WHAT: model loading cancelled") when `cancel` is set (null: never).
 void throw_if_cancelled(const std::atomic<bool>* cancel, const std::string& what);
