@@ -424,3 +424,31 @@ TEST(EngineScheduler, DecodeStepCounters) {
   EXPECT_GT(k.decode_seconds, 0.0);
   for (const auto& r : rec) EXPECT_EQ(r->tokens[0].size(), size_t(kTokens));
 }
+
+namespace {
+
+// Back-pressure: a paused request gets no decode steps (the others go on), the scheduler reports
+// idle when only paused requests are left, and resuming gives the same tokens as never pausing.
+TEST(EngineScheduler, PausedRequestWaitsAndResumesUnchanged) {
+  const auto prompts = mixed_prompts();
+  constexpr int kTokens = 12;
+  Scheduler s(model(), test::small_options());
+  auto a = std::make_shared<Recorder>(), b = std::make_shared<Recorder>();
+  s.add(1, test::greedy_request(prompts[5], kTokens), a, 1);
+  s.add(2, test::greedy_request(prompts[6], kTokens), b, 1);
+  while (a->tokens[0].size() < 3) ASSERT_TRUE(s.step());
+  s.set_paused(1, true);
+  const size_t held = a->tokens[0].size();
+  while (!b->done()) ASSERT_TRUE(s.step());
+  EXPECT_EQ(a->tokens[0].size(), held) << "a paused request must not decode";
+  EXPECT_FALSE(s.step()) << "only a paused request is left: nothing to run";
+  EXPECT_FALSE(a->done());
+  s.set_paused(1, false);
+  test::run_all(s);
+  ASSERT_TRUE(a->done());
+  EXPECT_EQ(a->tokens[0], test::greedy_alone(model(), prompts[5], kTokens));
+  EXPECT_EQ(b->tokens[0], test::greedy_alone(model(), prompts[6], kTokens));
+  expect_no_leak(s);
+}
+
+}  // namespace

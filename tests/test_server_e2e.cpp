@@ -39,6 +39,71 @@ TEST(ServerE2E, OpenAiClient) {
   EXPECT_EQ(srv.stop(), 0) << srv.log();
 }
 
+// SIGTERM drains: requests that fit in --shutdown-timeout finish, the rest end with OpenAI errors
+// (tests/e2e/shutdown_drain.mjs sends the signal and checks what the `openai` client sees).
+TEST(ServerE2E, SigtermDrainsThroughOpenAiClient) {
+  const std::string problem = node_problem();
+  ASSERT_TRUE(problem.empty()) << problem;
+  ServerProcess srv({e2e_model_dir(), "--port", "0", "--served-model-name", "tiny-e2e", "--shutdown-timeout", "2"});
+  ASSERT_TRUE(srv.wait_healthy(120)) << srv.log();
+  std::string out;
+  const int rc = run_command("node " + std::string(DI_SOURCE_DIR) + "/tests/e2e/shutdown_drain.mjs " + srv.url() + " tiny-e2e " +
+                                 std::to_string(srv.pid()) + " 2",
+                             out);
+  EXPECT_EQ(rc, 0) << out << "\n--- server log ---\n" << srv.log();
+  std::cout << out;
+  EXPECT_EQ(srv.stop(), 0) << srv.log();
+  EXPECT_NE(srv.log().find("draining"), std::string::npos) << srv.log();
+}
+
+// A client that stops reading its stream: the server pauses that request's generation instead of
+// buffering its output, and resumes it when the client reads again.
+TEST(ServerE2E, NonReadingStreamIsPausedNotBuffered) {
+  ServerProcess srv({e2e_model_dir(), "--port", "0"});
+  ASSERT_TRUE(srv.wait_healthy(120)) << srv.log();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // before connect: a small window
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(srv.port());
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  // Top-20 logprobs make each chunk a few KB, so the socket buffers fill after some hundred tokens.
+  const std::string req = http_request("POST", "/v1/chat/completions",
+                                       R"({"messages":[{"role":"user","content":"go"}],"max_tokens":100000,"ignore_eos":true,)"
+                                       R"("stream":true,"logprobs":true,"top_logprobs":20})");
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+  auto metrics = [&] { return parse_metrics(fetch(srv.port(), "GET", "/metrics").body); };
+  std::map<std::string, double> m;
+  for (int i = 0; i < 600 && m["deepinfer_paused_streams"] != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    m = metrics();
+  }
+  ASSERT_EQ(m["deepinfer_paused_streams"], 1) << "tokens " << m["deepinfer_engine_generation_tokens_total"] << " streams " << m["deepinfer_open_streams"] << "\n" << srv.log().substr(srv.log().size() > 3000 ? srv.log().size() - 3000 : 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the engine takes the pause at its next step
+  const long rss_paused = srv.rss_kb();
+  const double tokens = metrics()["deepinfer_engine_generation_tokens_total"];
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  m = metrics();
+  EXPECT_EQ(m["deepinfer_engine_generation_tokens_total"], tokens) << "generation went on while paused";
+  EXPECT_LT(srv.rss_kb() - rss_paused, 16 * 1024) << "output piled up in memory";
+  EXPECT_LT(tokens, 20000);
+  // Reading resumes generation.
+  char buf[65536];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) > 0) ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);
+    m = metrics();
+    if (m["deepinfer_engine_generation_tokens_total"] > tokens + 50) break;
+  }
+  EXPECT_GT(m["deepinfer_engine_generation_tokens_total"], tokens + 50);
+  EXPECT_GE(m["deepinfer_stream_pauses_total"], 1);
+  ::close(fd);
+  EXPECT_EQ(srv.stop(), 0) << srv.log();
+}
+
 // Prompt token ids above what the tokenizer defines (the config's vocab is padded) are a 400 at
 // the door, not an engine error after the request was accepted.
 TEST(ServerE2E, TokenIdsOutsideTheTokenizerAre400) {

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/default_model.h"
+#include "core/numerics.h"
 #include "core/thread_pool.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/kernels.h"
@@ -103,6 +104,9 @@ void run(const GenerateArgs& a) {
   std::string finish = "length";
   const auto t1 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.max_tokens; ++i) {
+    if (!all_finite(logits.data(), V))
+      throw std::runtime_error("the model produced non-finite logits (NaN or Inf) at generated token " + std::to_string(i) +
+                               "; the checkpoint may be corrupt");
     if (!a.dump_logits.empty()) dumped.insert(dumped.end(), logits.begin(), logits.begin() + V);
     const int32_t next = sampler.sample(logits.data(), V_sample);
     out.push_back(next);

@@ -127,16 +127,25 @@ void run(ServeArgs& a) {
 
   server::Server srv(a.server, [&a, dir](const std::atomic<bool>& cancel) { return load_model(a, dir, cancel); });
   srv.start();
-  timespec tick{0, 200 * 1000 * 1000};
+  timespec tick{0, 100 * 1000 * 1000};
   for (;;) {
     const int sig = sigtimedwait(&sigs, nullptr, &tick);
     if (sig == SIGINT || sig == SIGTERM) {
-      spdlog::info("signal {}: shutting down", sig);
+      spdlog::info("signal {}: draining for up to {} s (a second signal stops at once)", sig, a.server.shutdown_timeout_s);
       break;
     }
     if (srv.failed()) {
       srv.stop();
       throw std::runtime_error("model loading failed: " + srv.load_error());
+    }
+  }
+  srv.begin_drain();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.server.shutdown_timeout_s);
+  while (!srv.drained() && std::chrono::steady_clock::now() < deadline) {
+    const int sig = sigtimedwait(&sigs, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      spdlog::warn("signal {}: stopping without waiting for running requests", sig);
+      break;
     }
   }
   srv.stop();
@@ -163,6 +172,10 @@ void add_serve(CLI::App& app) {
   c->add_option("--default-max-tokens", a->server.default_max_tokens, "Chat max_tokens when the request gives none")
       ->capture_default_str();
   c->add_option("--max-n", a->server.max_n, "Largest n (choices per request)")->capture_default_str();
+  c->add_option("--shutdown-timeout", a->server.shutdown_timeout_s,
+                "Seconds running requests may finish after SIGTERM/SIGINT; then they end with a 503 error")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--sse-keepalive", a->server.sse_keepalive_s, "Seconds without output before a ': keep-alive' SSE comment (0 = off)")
       ->capture_default_str();
   c->add_flag("--enable-test-hooks", a->server.test_hooks, "Accept the 'test_forced_output' request field (tests only)");

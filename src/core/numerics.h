@@ -1,6 +1,7 @@
 // The forward pass's two numerics modes, chosen at load time (docs/forward-pass.md compares them).
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 namespace di {
@@ -15,5 +16,9 @@ const char* numerics_name(Numerics);
 Numerics parse_numerics(std::string_view s, std::string_view what = "numerics");
 // DEEPINFER_NUMERICS if set (parsed as above), else `fallback`.
 Numerics numerics_from_env(Numerics fallback = Numerics::Fast);
+
+// True when none of the n values is NaN or infinite. Cheap enough to run on every logits row:
+// corrupt weights would otherwise turn into plausible-looking garbage tokens.
+bool all_finite(const float* x, int64_t n);
 
 }  // namespace di

@@ -105,6 +105,12 @@ class EngineImpl final : public Engine {
     cv_.notify_one();
   }
 
+  void set_paused(uint64_t id, bool paused) override {
+    std::lock_guard lk(mu_);
+    pauses_.emplace_back(id, paused);
+    cv_.notify_one();
+  }
+
   EngineStats stats() const override {
     std::lock_guard lk(mu_);
     EngineStats s = stats_;
@@ -141,24 +147,28 @@ class EngineImpl final : public Engine {
   void loop() {
     std::vector<uint64_t> cancels;
     std::vector<std::pair<uint64_t, int>> stops;
+    std::vector<std::pair<uint64_t, bool>> pauses;
     bool busy = false;
     for (;;) {
       bool stop = false;
       {
         std::unique_lock lk(mu_);
         if (!busy)
-          cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !stops_.empty(); });
+          cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !stops_.empty() || !pauses_.empty(); });
         for (auto& p : inbox_) sched_.add(p.id, std::move(p.params), std::move(p.sink), p.seed, p.submitted);
         inbox_.clear();
         inbox_tokens_ = 0;
         cancels.swap(cancels_);
         stops.swap(stops_);
+        pauses.swap(pauses_);
         stop = stopping_;
       }
       for (uint64_t id : cancels) sched_.cancel(id);
       cancels.clear();
       for (auto [id, c] : stops) sched_.stop_choice(id, c);
       stops.clear();
+      for (auto [id, p] : pauses) sched_.set_paused(id, p);
+      pauses.clear();
       if (stop) {
         sched_.cancel_all(FinishReason::Cancelled);
         publish(0.0, 0);
@@ -199,6 +209,7 @@ class EngineImpl final : public Engine {
     stats_.prefix_hit_tokens = c.prefix_hit_tokens;
     stats_.prefix_lookup_tokens = c.prefix_lookup_tokens;
     stats_.preemptions = c.preemptions;
+    stats_.nonfinite_logits = c.nonfinite_logits;
     stats_.steps = c.steps;
     stats_.decode_steps = c.decode_steps;
     stats_.decode_rows = c.decode_rows;
@@ -217,6 +228,7 @@ class EngineImpl final : public Engine {
   std::vector<Pending> inbox_;
   std::vector<uint64_t> cancels_;
   std::vector<std::pair<uint64_t, int>> stops_;
+  std::vector<std::pair<uint64_t, bool>> pauses_;
   bool stopping_ = false;
   uint64_t next_id_ = 1;
   std::mt19937_64 rng_;  // seeds for requests without one

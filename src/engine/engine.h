@@ -114,6 +114,7 @@ struct EngineStats {
   size_t state_bytes_used = 0, state_bytes_budget = 0;
   int64_t prefix_lookups = 0, prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
   int64_t preemptions = 0, steps = 0;
+  int64_t nonfinite_logits = 0;  // logits rows with NaN/Inf; their requests failed with Error
   int64_t decode_steps = 0, decode_rows = 0;  // steps where every sequence ran one token, their rows
   double decode_seconds = 0;                  // and their forward passes' time
   size_t prefix_cache_bytes = 0;  // pages held by the prefix cache (part of cache_bytes_used)
@@ -131,6 +132,9 @@ class Engine {
   // the request's other choices go on. Unknown ids / choices are ignored. The default
   // implementation (for test doubles) cancels the whole request.
   virtual void stop_choice(uint64_t id, int choice) { (void)choice; cancel(id); }
+  // Back-pressure: a paused request keeps its cache state but gets no decode steps until resumed
+  // (e.g. its client is not reading its stream). Unknown ids are ignored; test doubles may ignore it.
+  virtual void set_paused(uint64_t id, bool paused) { (void)id, (void)paused; }
   virtual EngineStats stats() const = 0;
   // Finishes running work with Cancelled and stops the engine thread.
   virtual void shutdown() = 0;

@@ -48,6 +48,7 @@ struct Request {
   int64_t arrival = 0;  // submission order
   Clock::time_point submitted, first_token, finished;
   bool started = false, forked = false, any_token = false;
+  bool paused = false;  // back-pressure: no decode steps until resumed
   int cached_tokens = 0;
   int64_t completion_tokens = 0;
   int unfinished = 0;                         // choices without a finish event yet

@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include "core/numerics.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -242,7 +244,7 @@ bool Scheduler::step() {
   //    the lowest-ranked choices (possibly this one).
   for (Seq* s : order_) {
     if (budget == 0) break;
-    if (s->where != Seq::Where::Running || s->remaining() != 1) continue;
+    if (s->where != Seq::Where::Running || s->remaining() != 1 || s->req->paused) continue;
     bool room = true;
     while (!ensure_room(s->state->bytes_needed(1))) {
       Seq* v = pick_victim(s);
@@ -267,6 +269,11 @@ bool Scheduler::step() {
     if (!admit(*waiting_.begin(), budget)) break;
 
   if (items_.empty()) {
+    // Paused choices wait for their clients; nothing else can run until one resumes.
+    if (std::all_of(running_.begin(), running_.end(), [](const Seq* s) { return s->req->paused; }) && !running_.empty()) {
+      collect_done();
+      return false;
+    }
     if (!running_.empty()) {
       // Every running choice lacks pages for even one token: free the lowest-ranked one.
       if (running_.size() == 1) {
@@ -328,6 +335,13 @@ void Scheduler::fail_batch(const std::string& error) {
 
 void Scheduler::after_forward(Seq* s, const std::vector<float>& logits) {
   Request* r = s->req;
+  if (!all_finite(logits.data(), int64_t(logits.size()))) {
+    // Corrupt weights or an overflow: sampling would return arbitrary tokens that look valid.
+    ++counters_.nonfinite_logits;
+    spdlog::error("engine: request {}: the model produced non-finite logits (NaN/Inf)", r->id);
+    finish_request(r, FinishReason::Error, "the model produced non-finite logits (NaN or Inf); the checkpoint may be corrupt");
+    return;
+  }
   if (r->forked) {
     sample_and_emit(s, logits.data());
     return;
@@ -472,6 +486,10 @@ void Scheduler::stop_choice(uint64_t id, int choice) {
     finish(r->seqs[size_t(choice)].get(), FinishReason::Stop);
   }
   collect_done();
+}
+
+void Scheduler::set_paused(uint64_t id, bool paused) {
+  if (auto it = requests_.find(id); it != requests_.end()) it->second->paused = paused;
 }
 
 void Scheduler::cancel_all(FinishReason reason) {

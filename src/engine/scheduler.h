@@ -32,6 +32,7 @@ struct SchedulerCounters {
   int64_t prefix_lookups = 0, prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
   int64_t preemptions = 0, steps = 0;
   int64_t preempted_with_output = 0;  // preemptions of choices that had generated tokens already
+  int64_t nonfinite_logits = 0;  // logits rows with NaN/Inf (their requests failed)
   int64_t step_tokens = 0;  // tokens run by forward passes (prefill, recompute, decode)
   // Steps where every sequence ran one token (pure decode): how many, their rows, and the time
   // their forward passes took, so a client can read the engine's decode step time at a batch size.
@@ -54,6 +55,7 @@ class Scheduler {
   // Finishes one choice with Stop (e.g. the server matched a stop string).
   void stop_choice(uint64_t id, int choice);
   void cancel_all(FinishReason reason);
+  void set_paused(uint64_t id, bool paused);
 
   // One step. Returns false when there was nothing to do.
   bool step();

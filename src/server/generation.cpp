@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <ctime>
 #include <mutex>
 #include <optional>
@@ -54,7 +55,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
  public:
   Generation(GenerationSpec spec, std::shared_ptr<HttpExchange> ex, std::shared_ptr<const ServingContext> ctx, Clock::time_point arrival)
       : spec_(std::move(spec)), ex_(std::move(ex)), ctx_(std::move(ctx)), tok_(*ctx_->model.tokenizer), arrival_(arrival),
-        id_(new_request_id(spec_.endpoint)), created_(std::time(nullptr)) {}
+        id_(new_request_id(spec_.endpoint)), created_(std::time(nullptr)) {
+    ++ctx_->active_generations;
+  }
+  ~Generation() { release(); }
 
   void start();
   void enqueue(Event&& ev);
@@ -95,6 +99,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
   ojson logprobs_json(const std::vector<LogprobEntry>& entries, size_t text_offset) const;
   ojson usage_json() const;
   void reply_error(const ApiError& e);
+  // The reply is final: this request no longer holds up a graceful shutdown.
+  void release() {
+    if (counted_) --ctx_->active_generations;
+    counted_ = false;
+  }
+  ApiError shutdown_error() const;
+  void check_backpressure();
+  void set_paused(bool paused);
 
   GenerationSpec spec_;
   std::shared_ptr<HttpExchange> ex_;
@@ -112,6 +124,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::string scratch_, line_;               // scratch, reused
   int total_tokens_ = 0;
   bool completed_ = false, client_gone_ = false, stream_started_ = false;
+  bool shutdown_ = false;  // the server's shutdown ended the request
+  bool paused_ = false, resume_timer_ = false;  // back-pressure
+  bool counted_ = true;    // in ctx_->active_generations
   std::string error_;  // an engine error ends the request with 500 (or an SSE error event)
 
   std::mutex inbox_mu_;
@@ -236,12 +251,13 @@ void Generation::start() {
         default:
           e.status = 503;
           e.type = "server_error";
-          e.code = "shutting_down";
+          e.code = "server_shutdown";
           e.message = "the server is shutting down";
           break;
       }
       completed_ = true;
-      return reply_error(e);
+      reply_error(e);
+      return release();
     }
     subs_[i].engine_id = r.id;
   }
@@ -278,6 +294,19 @@ void Generation::reply_error(const ApiError& e) {
   ctx_->metrics->count_request(is_chat() ? "/v1/chat/completions" : "/v1/completions", e.status);
   spdlog::info("{} {} status={} error=\"{}\"", id_, is_chat() ? "chat" : "completions", e.status, e.message);
   ex_->respond(e.status, error_body(e), "application/json", e.headers);
+}
+
+ApiError Generation::shutdown_error() const {
+  ApiError e;
+  e.status = 503;
+  e.type = "server_error";
+  e.code = "server_shutdown";
+  char grace[32];
+  std::snprintf(grace, sizeof grace, "%g", ctx_->shutdown_timeout_s);
+  e.message = std::string("the server shut down before the request finished (it drains for ") + grace +
+              " s, --shutdown-timeout); retry the request";
+  e.headers.emplace_back("Retry-After", "1");
+  return e;
 }
 
 void Generation::cancel_all() {
@@ -385,6 +414,30 @@ void Generation::emit_chunk(int index, const ojson* delta, const std::string& te
   line_ += finish_reason ? "\"" + std::string(finish_reason) + "\"" : "null";
   line_ += "}]}\n\n";
   ex_->write(line_);
+  check_backpressure();
+}
+
+// A client that does not read its stream must not make the server buffer its whole output:
+// generation pauses while too much is queued and resumes once the client catches up (a client that
+// never does is dropped by the HTTP layer's write timeout).
+void Generation::check_backpressure() {
+  constexpr size_t kPauseBytes = 256 << 10, kResumeBytes = 64 << 10;
+  if (paused_ || completed_ || ex_->pending_bytes() < kPauseBytes) return;
+  set_paused(true);
+  if (resume_timer_) return;
+  resume_timer_ = true;
+  std::weak_ptr<Generation> weak = shared_from_this();
+  ex_->every(0.02, [weak] {
+    auto g = weak.lock();
+    if (g && g->paused_ && !g->completed_ && g->ex_->pending_bytes() < kResumeBytes) g->set_paused(false);
+  });
+}
+
+void Generation::set_paused(bool paused) {
+  if (paused_ == paused) return;
+  paused_ = paused;
+  ctx_->metrics->stream_paused(paused);
+  for (const auto& s : subs_) ctx_->engine->set_paused(s.engine_id, paused);
 }
 
 ojson Generation::logprobs_json(const std::vector<LogprobEntry>& entries, size_t text_offset) const {
@@ -439,6 +492,10 @@ void Generation::on_finish(const Event& ev) {
         case R::Cancelled:
           c.done = true;
           c.finish_reason = "cancelled";
+          if (!client_gone_ && ctx_->shutting_down) {
+            shutdown_ = true;
+            c.finish_reason = "shutdown";
+          }
           break;
         case R::Error:
           c.done = true;
@@ -502,6 +559,10 @@ ojson Generation::usage_json() const {
 
 void Generation::complete() {
   completed_ = true;
+  if (paused_) {
+    paused_ = false;
+    ctx_->metrics->stream_paused(false);
+  }
   const auto end = Clock::now();
   Metrics& m = *ctx_->metrics;
   const char* endpoint = is_chat() ? "/v1/chat/completions" : "/v1/completions";
@@ -529,6 +590,8 @@ void Generation::complete() {
   int status = 200;
   if (client_gone_) {
     status = 499;  // nginx's "client closed request"
+  } else if (shutdown_ && !spec_.stream) {
+    status = 503;
   } else if (!error_.empty() && !spec_.stream) {
     status = 500;
   }
@@ -539,7 +602,16 @@ void Generation::complete() {
                decode_s > 0 ? double(total_tokens_ - 1) / decode_s : 0.0, reasons, dur);
 
   if (stream_started_) ctx_->metrics->stream_closed();
+  release();
   if (client_gone_) {
+    ex_->end_stream();
+    return;
+  }
+  if (shutdown_) {
+    // Not an OpenAI finish reason: clients see an error they can retry elsewhere.
+    const ApiError e = shutdown_error();
+    if (!spec_.stream) return ex_->respond(e.status, error_body(e), "application/json", e.headers);
+    ex_->write("data: " + error_body(e) + "\n\n");
     ex_->end_stream();
     return;
   }

@@ -4,6 +4,7 @@
 // every choice has stopped on a stop string.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -20,6 +21,11 @@ struct ServingContext {
   ModelContext model;
   Metrics* metrics = nullptr;
   double sse_keepalive_s = 15;
+  double shutdown_timeout_s = 0;  // named in the error requests get when a shutdown ends them
+  // Requests whose reply is not finished yet, and whether the server is shutting down (an engine
+  // cancellation the client did not ask for is then a shutdown, answered with an error).
+  mutable std::atomic<int> active_generations{0};
+  mutable std::atomic<bool> shutting_down{false};
 };
 
 // Must be called on the exchange's strand (the HTTP handler runs there). Replies with 429/400/503

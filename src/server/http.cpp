@@ -73,6 +73,7 @@ struct HttpServer::Impl {
   std::mutex sessions_mu;
   std::list<std::weak_ptr<Session>> sessions;
   bool stopped = false;
+  std::shared_ptr<std::atomic<bool>> draining = std::make_shared<std::atomic<bool>>(false);
 
   void do_accept();
 };
@@ -81,7 +82,7 @@ struct HttpServer::Impl {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl& srv)
-      : stream_(std::move(socket)), opt_(srv.opt), handler_(srv.handler), connections_(srv.connections) {
+      : stream_(std::move(socket)), opt_(srv.opt), handler_(srv.handler), connections_(srv.connections), draining_(srv.draining) {
     ++*connections_;
   }
   ~Session() { --*connections_; }
@@ -92,8 +93,18 @@ class Session : public std::enable_shared_from_this<Session> {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read(); });
   }
 
-  void close_from_server() {
-    net::post(stream_.get_executor(), [self = shared_from_this()] { self->close(); });
+  // Closes now if idle, else after the reply in progress (once its queued output is written).
+  // `stopping`: nothing will be added to an unfinished reply any more, so only what is queued is
+  // written before the close.
+  void close_when_done(bool stopping) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), stopping] {
+      if (self->closed_) return;
+      self->keep_alive_ = false;
+      const bool idle = self->completed_ && !self->write_in_flight_;
+      const bool abandoned = stopping && !self->end_requested_;
+      if (idle || (abandoned && !self->write_in_flight_)) return self->close();
+      if (abandoned) self->end_requested_ = true;  // close after the write in flight
+    });
   }
 
   auto executor() { return stream_.get_executor(); }
@@ -123,6 +134,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void start_stream(uint64_t seq, const std::string& content_type) {
     if (!current(seq) || responded_) return;
     responded_ = streaming_ = true;
+    // A stream needs little kernel buffer; a small one makes a client that stops reading visible
+    // to back-pressure (HttpExchange::pending_bytes) after kilobytes, not after the autotuned megabytes.
+    beast::error_code ec;
+    stream_.socket().set_option(net::socket_base::send_buffer_size(128 << 10), ec);
     out_pending_ += "HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
                     "\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n";
     out_pending_ += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
@@ -165,6 +180,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   bool gone() const { return gone_; }
+  size_t pending_bytes() const { return out_pending_.size() + (write_in_flight_ ? out_writing_.size() : 0); }
   double idle_seconds() const { return double(now_ns() - last_write_ns_.load()) * 1e-9; }
 
  private:
@@ -240,7 +256,7 @@ class Session : public std::enable_shared_from_this<Session> {
     req.body = std::move(msg.body());
     req.authorization = std::string(msg[http::field::authorization]);
     req.content_type = std::string(msg[http::field::content_type]);
-    req.keep_alive = keep_alive_ = msg.keep_alive();
+    req.keep_alive = keep_alive_ = msg.keep_alive() && !*draining_;
     parser_.reset();
 
     ++seq_;
@@ -348,6 +364,7 @@ class Session : public std::enable_shared_from_this<Session> {
   HttpOptions opt_;
   HttpHandler handler_;
   std::shared_ptr<std::atomic<int>> connections_;
+  std::shared_ptr<std::atomic<bool>> draining_;
 
   uint64_t seq_ = 0;
   bool keep_alive_ = true, completed_ = true, responded_ = false, streaming_ = false, end_requested_ = false;
@@ -384,6 +401,7 @@ class Exchange : public HttpExchange {
   }
   void post(std::function<void()> fn) override { net::post(s_->executor(), std::move(fn)); }
   bool client_gone() const override { return s_->gone(); }
+  size_t pending_bytes() const override { return s_->pending_bytes(); }
   double idle_seconds() const override { return s_->idle_seconds(); }
   void every(double seconds, std::function<void()> fn) override {
     net::dispatch(s_->executor(), [s = s_, seq = seq_, seconds, fn = std::move(fn)]() mutable { s->add_timer(seq, seconds, std::move(fn)); });
@@ -454,10 +472,23 @@ uint16_t HttpServer::port() const {
 
 int HttpServer::open_connections() const { return impl_->connections->load(); }
 
+void HttpServer::stop_accepting() {
+  Impl& m = *impl_;
+  if (m.stopped || m.threads.empty() || m.draining->exchange(true)) return;
+  net::post(m.acceptor.get_executor(), [&m] {
+    beast::error_code ec;
+    m.acceptor.close(ec);
+  });
+  std::lock_guard lk(m.sessions_mu);
+  for (auto& w : m.sessions)
+    if (auto s = w.lock()) s->close_when_done(false);
+}
+
 void HttpServer::stop() {
   Impl& m = *impl_;
   if (m.stopped || m.threads.empty()) return;
   m.stopped = true;
+  *m.draining = true;
   net::post(m.acceptor.get_executor(), [&m] {
     beast::error_code ec;
     m.acceptor.close(ec);
@@ -465,7 +496,7 @@ void HttpServer::stop() {
   {
     std::lock_guard lk(m.sessions_mu);
     for (auto& w : m.sessions)
-      if (auto s = w.lock()) s->close_from_server();
+      if (auto s = w.lock()) s->close_when_done(true);
   }
   m.work.reset();
   // Connections close quickly; a bounded wait keeps a wedged peer from blocking shutdown.

@@ -41,6 +41,9 @@ class HttpExchange {
   // Runs `fn` on the connection's strand (serializes with the exchange's own callbacks).
   virtual void post(std::function<void()> fn) = 0;
   virtual bool client_gone() const = 0;
+  // Bytes queued for the client and not yet accepted by the socket (back-pressure). Call on the
+  // connection's strand.
+  virtual size_t pending_bytes() const = 0;
   // Seconds since the last byte was queued for the stream (for keep-alive comments).
   virtual double idle_seconds() const = 0;
   // Runs `fn` on the strand every `seconds` until the exchange completes.
@@ -64,7 +67,11 @@ class HttpServer {
   // Binds and listens (throws std::runtime_error naming host:port on failure), then starts the io threads.
   void start();
   uint16_t port() const;
-  // Stops accepting, closes connections, joins the io threads.
+  // Graceful drain, first half: closes the listener and idle keep-alive connections; connections
+  // with a reply in progress close once it is written. Requests already being served go on.
+  void stop_accepting();
+  // Stops accepting, closes connections once their queued output is written (bounded wait), joins
+  // the io threads.
   void stop();
   int open_connections() const;
 

@@ -98,6 +98,8 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
     sample(out, "deepinfer_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache.", double(cached_tokens_));
     sample(out, "deepinfer_generation_tokens_total", "counter", "Generated tokens of finished requests.", double(generated_tokens_));
     sample(out, "deepinfer_open_streams", "gauge", "SSE responses in progress.", double(streams_));
+    sample(out, "deepinfer_paused_streams", "gauge", "Streams whose generation waits for a slow client to read.", double(paused_streams_));
+    sample(out, "deepinfer_stream_pauses_total", "counter", "Times a stream's generation was paused by back-pressure.", double(pauses_));
   }
   header(out, "deepinfer_http_connections", "gauge", "Open HTTP connections.");
   line(out, "deepinfer_http_connections %d\n", open_connections);
@@ -133,6 +135,7 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
     sample(out, "deepinfer_prefix_cache_hit_rate", "gauge", "hit tokens / queried tokens since start (0 before any lookup).",
            es->prefix_lookup_tokens > 0 ? double(es->prefix_hit_tokens) / double(es->prefix_lookup_tokens) : 0.0);
     sample(out, "deepinfer_preemptions_total", "counter", "Sequences preempted (recomputed) for lack of cache pages.", double(es->preemptions));
+    sample(out, "deepinfer_nonfinite_logits_total", "counter", "Logits rows with NaN/Inf; their requests failed.", double(es->nonfinite_logits));
     sample(out, "deepinfer_engine_steps_total", "counter", "Engine steps run.", double(es->steps));
     sample(out, "deepinfer_engine_decode_steps_total", "counter", "Engine steps where every sequence ran one token.", double(es->decode_steps));
     sample(out, "deepinfer_engine_decode_rows_total", "counter", "Sequences run by those decode steps (their batch sizes summed).", double(es->decode_rows));

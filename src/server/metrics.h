@@ -40,6 +40,11 @@ class Metrics {
   void observe_e2e(double seconds) { e2e_.observe(seconds); }
   void stream_opened() { add_gauge(streams_, 1); }
   void stream_closed() { add_gauge(streams_, -1); }
+  // A stream's client fell behind: its request is paused / resumed.
+  void stream_paused(bool paused) {
+    add_gauge(paused_streams_, paused ? 1 : -1);
+    if (paused) add_gauge(pauses_, 1);
+  }
 
   // `engine` is empty while the model loads.
   std::string render(const std::optional<engine::EngineStats>& engine, int open_connections, bool ready) const;
@@ -50,6 +55,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, int64_t> requests_;
   std::map<std::string, int64_t> finishes_;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, streams_ = 0;
+  int64_t paused_streams_ = 0, pauses_ = 0;
   Histogram ttft_, tpot_, e2e_;
 };
 

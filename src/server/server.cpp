@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <chrono>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -54,6 +55,7 @@ void Server::start() {
       ctx->model.test_hooks = opt_.test_hooks;
       ctx->metrics = &metrics_;
       ctx->sse_keepalive_s = opt_.sse_keepalive_s;
+      ctx->shutdown_timeout_s = opt_.shutdown_timeout_s;
       {
         std::lock_guard lk(mu_);
         serving_ = std::move(ctx);
@@ -75,6 +77,23 @@ void Server::start() {
   });
 }
 
+void Server::begin_drain() {
+  State expected = State::Ready;
+  if (!state_.compare_exchange_strong(expected, State::Draining)) return;
+  int active = 0;
+  {
+    std::lock_guard lk(mu_);
+    if (serving_) active = serving_->active_generations.load();
+  }
+  spdlog::info("draining: no new connections or requests; {} in flight", active);
+  http_->stop_accepting();
+}
+
+bool Server::drained() const {
+  std::lock_guard lk(mu_);
+  return !serving_ || serving_->active_generations.load() == 0;
+}
+
 void Server::stop() {
   cancel_load_ = true;
   if (loader_thread_.joinable()) loader_thread_.join();
@@ -84,7 +103,14 @@ void Server::stop() {
     ctx = serving_;
   }
   state_ = State::Stopped;
-  if (ctx && ctx->engine) ctx->engine->shutdown();
+  if (ctx && ctx->engine) {
+    ctx->shutting_down = true;
+    ctx->engine->shutdown();
+    // The engine's last events reach the requests on their connections' strands: let them write
+    // their error replies before the connections close.
+    for (int i = 0; i < 200 && ctx->active_generations.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (int left = ctx->active_generations.load(); left > 0) spdlog::warn("stop: {} requests had not finished their replies", left);
+  }
   if (http_) http_->stop();
 }
 
@@ -160,7 +186,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
       return ex->respond(200, R"({"status":"ok"})");
     }
     nlohmann::json j;
-    j["status"] = state == State::Loading ? "loading" : state == State::Failed ? "failed" : "stopped";
+    j["status"] = state == State::Loading ? "loading" : state == State::Failed ? "failed" : state == State::Draining ? "draining" : "stopped";
     if (state == State::Failed) j["error"] = load_error();
     metrics_.count_request(endpoint, 503);
     return ex->respond(503, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json",
@@ -197,8 +223,10 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     ApiError e;
     e.status = 503;
     e.type = "server_error";
-    e.code = state == State::Loading ? "model_loading" : "model_unavailable";
-    e.message = state == State::Loading ? "the model is still loading; retry shortly" : "the model is not available";
+    e.code = state == State::Loading ? "model_loading" : state == State::Draining || state == State::Stopped ? "server_shutdown" : "model_unavailable";
+    e.message = state == State::Loading ? "the model is still loading; retry shortly"
+                : e.code == "server_shutdown" ? "the server is shutting down; retry on another instance"
+                                              : "the model is not available";
     e.headers.emplace_back("Retry-After", "5");
     return respond_error(*ex, endpoint, e);
   }

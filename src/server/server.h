@@ -26,6 +26,7 @@ struct ServerOptions {
   int max_n = 16;
   double sse_keepalive_s = 15;     // ": keep-alive" comment after this long without output; 0 = off
   bool test_hooks = false;         // accept the `test_forced_output` request field
+  double shutdown_timeout_s = 20;  // drain: how long running requests may go on after SIGTERM
 };
 
 // What the loader produces. model.served_name / chat_format / limits are filled from ServerOptions.
@@ -47,14 +48,19 @@ class Server {
   bool ready() const { return state_.load() == State::Ready; }
   bool failed() const { return state_.load() == State::Failed; }
   std::string load_error() const;
-  // Shuts the engine down (running requests end as cancelled), then closes connections. While the
-  // model is still loading, asks the loader to stop and waits for it.
+  // Graceful shutdown, first half: stops accepting connections and requests (new ones get 503);
+  // requests already accepted go on. drained() turns true when none is left.
+  void begin_drain();
+  bool drained() const;
+  // Shuts the engine down: requests still running end with an OpenAI error (a 503 object, or an
+  // error event that ends the stream); then closes connections once their replies are written.
+  // While the model is still loading, asks the loader to stop and waits for it.
   void stop();
 
   void handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex);
 
  private:
-  enum class State { Loading, Ready, Failed, Stopped };
+  enum class State { Loading, Ready, Failed, Draining, Stopped };
   void respond_error(HttpExchange& ex, const std::string& endpoint, const ApiError& e);
 
   ServerOptions opt_;
