@@ -325,13 +325,15 @@ TEST(OpenAIRequest, DeepToolCallArgumentsTextIs400) {
   EXPECT_TRUE(convert(body).ok());
   // The renderer holds its own bound too (callers that skip the protocol layer).
   chat::ChatRequest req;
-  req.messages.push_back(chat::Message{chat::Role::User, "x"});
+  chat::Message u;
+  u.content = "x";
+  req.messages.push_back(u);
   chat::Message a;
   a.role = chat::Role::Assistant;
   a.content = "";
   a.tool_calls = std::vector<chat::ToolCall>{{"id", "function", "f", deep_args}};
   req.messages.push_back(a);
-  req.messages.push_back(chat::Message{chat::Role::User, "y"});
+  req.messages.push_back(u);
   EXPECT_THROW(chat::render_chat(chat::ChatFormat::DeepSeekV41, req), chat::ChatError);
 }
 

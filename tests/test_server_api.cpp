@@ -180,8 +180,8 @@ TEST(ServerApi, DeepNestingIs400) {
   EXPECT_EQ(e.code, "json_too_deep");
   // The limit is the server's to set.
   c.json_limits.max_depth = 3;
-  EXPECT_EQ(err(server::parse_completion(R"({"prompt":"x","a":[[1]]})", c)).param, "a[0]");
-  ok(server::parse_completion(R"({"prompt":"x","a":[1]})", c));
+  EXPECT_EQ(err(server::parse_completion(R"({"prompt":"x","a":[[[1]]]})", c)).param, "a[0][0]");
+  ok(server::parse_completion(R"({"prompt":"x","a":[[1]]})", c));
 }
 
 TEST(ServerApi, TooManyKeysIs400) {
