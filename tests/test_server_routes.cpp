@@ -184,6 +184,35 @@ TEST(ServerRoutes, JsonLimitsOverHttp) {
   EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
 }
 
+// With every parse worker busy and the queue full, a request is answered 503 at once, in OpenAI's
+// error shape, instead of waiting behind the slow one.
+TEST(ServerRoutes, FullParseQueueIs503) {
+  TestServer ts(engine_saying("x"), [](server::ServerOptions& o) {
+    o.parse_threads = 1;
+    o.parse_queue = 0;
+    o.json_limits.max_keys = 1000000;
+  });
+  std::string slow = R"({"prompt":"x","max_tokens":1,"ignored":{)";
+  for (int i = 0; i < 400000; ++i) slow += (i ? ",\"" : "\"") + std::to_string(i) + "\":0";
+  slow += "}}";
+  auto big = std::async(std::launch::async, [&] { return fetch(ts.port, "POST", "/v1/completions", slow); });
+  HttpReply busy;
+  while (big.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready) {
+    auto r = fetch(ts.port, "POST", "/v1/completions", R"({"prompt":"x","max_tokens":1})");
+    if (r.status == 503) {
+      busy = r;
+      break;
+    }
+  }
+  EXPECT_EQ(big.get().status, 200);
+  ASSERT_EQ(busy.status, 503) << "no request was refused while the only worker parsed 400k keys";
+  auto e = json::parse(busy.body)["error"];
+  EXPECT_EQ(e["code"], "server_overloaded");
+  EXPECT_EQ(e["type"], "server_error");
+  EXPECT_EQ(busy.headers["retry-after"], "1");
+  EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
+}
+
 TEST(WorkerPool, BoundedQueueRefusesWhenFull) {
   server::WorkerPool pool(1, 1);
   std::promise<void> started, release;

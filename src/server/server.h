@@ -30,7 +30,7 @@ struct ServerOptions {
   bool test_hooks = false;         // accept the `test_forced_output` request field
   JsonLimits json_limits;          // request bodies: nesting depth and keys per object (400 beyond)
   int parse_threads = 2;           // workers that parse requests and render prompts (off the io threads)
-  size_t parse_queue = 64;         // requests waiting for a parse worker (503 beyond)
+  size_t parse_queue = 1024;       // requests waiting for a parse worker (503 beyond); bursts of small requests need room
   std::vector<std::string> allowed_origins;  // CORS: origins answered with Access-Control-Allow-Origin ("*" = any); none = no CORS
 };
 
