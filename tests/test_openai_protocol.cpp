@@ -2,6 +2,9 @@
 // parser events -> streaming deltas and the final message.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
+#include "tokenizer/json_limits.h"
 #include "tokenizer/openai_protocol.h"
 
 using namespace di;
@@ -207,6 +210,152 @@ TEST(OpenAIResponse, PlainAnswerAndStop) {
   openai::ChatMessageBuilder empty;
   empty.add(run_parser(stream::ParserOptions{}, {}));
   EXPECT_EQ(empty.message()["content"], "");
+}
+
+}  // namespace
+
+namespace {
+
+// ---- bounded JSON parsing --------------------------------------------------------------------
+
+json parse_limited(const std::string& text, JsonLimits limits = {}) {
+  json out;
+  auto err = parse_json_limited(text, limits, out);
+  EXPECT_FALSE(err.has_value()) << err->message;
+  return out;
+}
+
+TEST(JsonLimits, SameValueAsOrderedJsonParse) {
+  for (const std::string text :
+       {R"({"z":1,"a":[1,2.5,-3,1e-7,18446744073709551615,true,null,"x"],"m":{"b":{},"a":[]}})",
+        R"({"k":1,"j":2,"k":3})",  // a repeated key keeps its first position, takes the last value
+        R"([{"a":{"b":{"c":[[["deep"]]]}}}])", R"("just a string")", R"(42)",
+        R"({"日本":"語","\u0000":"nul","e":"\ud83d\ude00"})"}) {
+    const json expected = json::parse(text);
+    EXPECT_EQ(parse_limited(text).dump(), expected.dump()) << text;
+  }
+  // A big object (past the hash-index threshold) with repeats in it.
+  std::string big = "{";
+  for (int i = 0; i < 100; ++i) big += "\"k" + std::to_string(i % 60) + "\":" + std::to_string(i) + ",";
+  big += "\"end\":0}";
+  EXPECT_EQ(parse_limited(big).dump(), json::parse(big).dump());
+}
+
+TEST(JsonLimits, DepthAndKeysStopParsingAndNameThePath) {
+  JsonLimits lim;
+  lim.max_depth = 4;
+  json out;
+  EXPECT_FALSE(parse_json_limited(R"({"a":[{"b":{}}]})", lim, out).has_value());
+  auto err = parse_json_limited(R"({"a":[{"b":{"c":[]}}]})", lim, out);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->kind, JsonLimitError::Kind::Depth);
+  EXPECT_EQ(err->path, "a[0].b.c");
+  EXPECT_NE(err->message.find("4 levels"), std::string::npos) << err->message;
+  EXPECT_TRUE(out.is_null());  // nothing half-built is handed back
+
+  // 21,700 levels (the crash report's body): refused at level 129 without recursion.
+  const std::string deep = "{\"tools\":[{\"function\":{\"parameters\":" + std::string(21700, '[') + std::string(21700, ']') + "}}]}";
+  err = parse_json_limited(deep, JsonLimits{}, out);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->kind, JsonLimitError::Kind::Depth);
+  EXPECT_EQ(err->path.rfind("tools[0].function.parameters[0][0]", 0), 0u) << err->path;
+  EXPECT_NE(err->path.find("..."), std::string::npos) << err->path;
+
+  lim = JsonLimits{};
+  lim.max_keys = 3;
+  EXPECT_FALSE(parse_json_limited(R"({"x":{"a":1,"b":2,"c":3,"a":4}})", lim, out).has_value());  // a repeat is no new key
+  err = parse_json_limited(R"({"x":{"a":1,"b":2,"c":3,"d":4}})", lim, out);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->kind, JsonLimitError::Kind::Keys);
+  EXPECT_EQ(err->path, "x.d");
+
+  err = parse_json_limited(R"({"a":)", JsonLimits{}, out);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->kind, JsonLimitError::Kind::Syntax);
+  EXPECT_NE(err->message.find("parse error"), std::string::npos) << err->message;
+}
+
+// ordered_json::parse looks each key up linearly (63 s for this body); the bounded parser is linear.
+TEST(JsonLimits, ManyKeysParseInLinearTime) {
+  std::string body = "{\"ignored\":{";
+  for (int i = 0; i < 300000; ++i) body += (i ? ",\"" : "\"") + std::to_string(i) + "\":0";
+  body += "}}";
+  JsonLimits lim;
+  lim.max_keys = 1000000;
+  const auto t0 = std::chrono::steady_clock::now();
+  json out = parse_limited(body, lim);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(out["ignored"].size(), 300000u);
+  EXPECT_LT(s, 5.0);  // well under a second on one core; the bound is for sanitizer builds
+  // The default limit refuses it at the 10,001st key.
+  auto err = parse_json_limited(body, JsonLimits{}, out);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->kind, JsonLimitError::Kind::Keys);
+  EXPECT_EQ(err->path, "ignored.10000");
+}
+
+TEST(JsonLimits, StringifyIsNotRecursive) {
+  json v = json::array();
+  for (int i = 0; i < 200000; ++i) {
+    json outer = json::array();
+    outer.push_back(std::move(v));
+    v = std::move(outer);
+  }
+  const std::string s = chat::stringify_python_style(v);
+  EXPECT_EQ(s.size(), 400002u);
+  EXPECT_EQ(s.substr(0, 3), "[[[");
+  EXPECT_EQ(chat::stringify_python_style(json::parse(R"({"b":[1,{"c":null}],"a":"x","e":[]})")),
+            R"({"b": [1, {"c": null}], "a": "x", "e": []})");
+}
+
+TEST(OpenAIRequest, DeepToolCallArgumentsTextIs400) {
+  const std::string deep_args = std::string(200, '[') + std::string(200, ']');
+  json body = {{"messages",
+                {user("x"),
+                 {{"role", "assistant"}, {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", deep_args}}}}}}},
+                 {{"role", "tool"}, {"tool_call_id", "1"}, {"content", "r"}}}}};
+  for (auto format : {chat::ChatFormat::DeepSeekV41, chat::ChatFormat::DeepSeekV3}) {
+    auto r = convert(body, format);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error->field, "messages[1].tool_calls[0].function.arguments");
+    EXPECT_NE(r.error->message.find("128 levels"), std::string::npos) << r.error->message;
+  }
+  // Within the limit it renders as before.
+  body["messages"][1]["tool_calls"][0]["function"]["arguments"] = R"({"a":[[1]]})";
+  EXPECT_TRUE(convert(body).ok());
+  // The renderer holds its own bound too (callers that skip the protocol layer).
+  chat::ChatRequest req;
+  chat::Message u;
+  u.content = "x";
+  req.messages.push_back(u);
+  chat::Message a;
+  a.role = chat::Role::Assistant;
+  a.content = "";
+  a.tool_calls = std::vector<chat::ToolCall>{{"id", "function", "f", deep_args}};
+  req.messages.push_back(a);
+  req.messages.push_back(u);
+  EXPECT_THROW(chat::render_chat(chat::ChatFormat::DeepSeekV41, req), chat::ChatError);
+}
+
+TEST(OpenAIRequest, EmptyStopStringIs400) {
+  expect_error({{"messages", {user("x")}}, {"stop", ""}}, "stop");
+  expect_error({{"messages", {user("x")}}, {"stop", {"END", ""}}}, "stop[1]");
+  auto r = convert({{"messages", {user("x")}}, {"stop", {"END"}}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.request->parser.stop_sequences, std::vector<std::string>{"END"});
+}
+
+TEST(OpenAIRequest, ParallelToolCallsFalseLimitsTheParser) {
+  auto r = convert({{"messages", {user("x")}}, {"tools", {kTool}}, {"parallel_tool_calls", false}});
+  ASSERT_TRUE(r.ok()) << r.error->message;
+  EXPECT_EQ(r.request->parser.max_tool_calls, 1);
+  r = convert({{"messages", {user("x")}}, {"tools", {kTool}}, {"parallel_tool_calls", true}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.request->parser.max_tool_calls, 0);
+  r = convert({{"messages", {user("x")}}, {"tools", {kTool}}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.request->parser.max_tool_calls, 0);
+  expect_error({{"messages", {user("x")}}, {"parallel_tool_calls", "no"}}, "parallel_tool_calls");
 }
 
 }  // namespace

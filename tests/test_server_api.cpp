@@ -3,6 +3,7 @@
 
 #include "server/openai_api.h"
 #include "server/stop_matcher.h"
+#include "tokenizer/openai_protocol.h"
 #include "server_test_util.h"
 
 namespace di::test {
@@ -155,6 +156,115 @@ TEST(ServerApi, StopMatcherNeverLeaksAPartialStop) {
   for (size_t i = 0; i <= text.size(); ++i)
     for (size_t j = i; j <= text.size(); ++j)
       EXPECT_EQ(run_stop({"STOP", "TWO"}, {text.substr(0, i), text.substr(i, j - i), text.substr(j)}), "one two ");
+}
+
+// A body nesting 21,700 levels (the crash report) is a 400 naming the field, decided while parsing.
+TEST(ServerApi, DeepNestingIs400) {
+  auto c = ctx();
+  c.max_context = 4096;
+  const std::string deep = std::string(21700, '[') + std::string(21700, ']');
+  const std::string tools = R"({"messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":)" +
+                            deep + "}}]}";
+  auto e = err(server::parse_chat_completion(tools, c));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "json_too_deep");
+  EXPECT_EQ(e.param.rfind("tools[0].function.parameters", 0), 0u) << e.param;
+  EXPECT_NE(e.message.find("128 levels"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("--max-json-depth"), std::string::npos) << e.message;
+  const std::string args = R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":)" +
+                           deep + "}}]}]}";
+  e = err(server::parse_chat_completion(args, c));
+  EXPECT_EQ(e.code, "json_too_deep");
+  EXPECT_EQ(e.param.rfind("messages[1].tool_calls[0].function", 0), 0u) << e.param;
+  e = err(server::parse_completion(R"({"prompt":"x","extra":)" + deep + "}", c));
+  EXPECT_EQ(e.code, "json_too_deep");
+  // The limit is the server's to set.
+  c.json_limits.max_depth = 3;
+  EXPECT_EQ(err(server::parse_completion(R"({"prompt":"x","a":[[[1]]]})", c)).param, "a[0][0]");
+  ok(server::parse_completion(R"({"prompt":"x","a":[[1]]})", c));
+}
+
+TEST(ServerApi, TooManyKeysIs400) {
+  auto c = ctx();
+  c.json_limits.max_keys = 100;
+  std::string body = R"({"prompt":"x","ignored":{)";
+  for (int i = 0; i < 101; ++i) body += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  body += "}}";
+  auto e = err(server::parse_completion(body, c));
+  EXPECT_EQ(e.code, "json_too_many_keys");
+  EXPECT_EQ(e.param, "ignored.k100");
+  EXPECT_NE(e.message.find("--max-json-keys"), std::string::npos) << e.message;
+  c.json_limits.max_keys = 101;
+  ok(server::parse_completion(body, c));
+}
+
+// The bounded parser must not change a prompt: tools are rendered in the client's key order.
+TEST(ServerApi, PromptUnchangedByTheBoundedParser) {
+  auto c = ctx();
+  c.max_context = 8192;
+  const std::string body =
+      R"({"messages":[{"role":"system","content":"S"},{"role":"user","content":"Weather?"},)"
+      R"({"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"get","arguments":"{\"z\":1,\"a\":[1.5e-7,{\"y\":null,\"b\":true}]}"}}]},)"
+      R"({"role":"tool","tool_call_id":"c1","content":"sunny"}],)"
+      R"("tools":[{"type":"function","function":{"name":"get","description":"d","parameters":{"type":"object","required":["z"],"properties":{"z":{"type":"integer"},"a":{"type":"array"}}}}}],)"
+      R"("max_tokens":5})";
+  const auto& s = ok(server::parse_chat_completion(body, c));
+  openai::ConversionOptions copt;
+  copt.format = c.chat_format;
+  auto conv = openai::convert_chat_request(nlohmann::ordered_json::parse(body), copt);
+  ASSERT_TRUE(conv.ok());
+  const auto expected = chat::encode_chat(*c.tokenizer, c.chat_format, conv.request->chat);
+  EXPECT_EQ(s.prompts[0], expected.ids);
+  EXPECT_NE(expected.prompt.text.find(R"({"type": "object", "required": ["z"], "properties": {"z": )"), std::string::npos)
+      << expected.prompt.text;
+}
+
+// vLLM's answer: an empty stop string is a 400 on both endpoints.
+TEST(ServerApi, EmptyStopIs400OnBothEndpoints) {
+  const auto c = ctx();
+  EXPECT_EQ(err(server::parse_completion(R"({"prompt":"x","stop":""})", c)).param, "stop");
+  EXPECT_EQ(err(server::parse_completion(R"({"prompt":"x","stop":["a",""]})", c)).param, "stop[1]");
+  EXPECT_EQ(err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":""})", c)).param, "stop");
+  EXPECT_EQ(err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":["a",""]})", c)).param,
+            "stop[1]");
+}
+
+TEST(ServerApi, TokenizeAndDetokenize) {
+  auto c = ctx();
+  c.max_context = 4096;
+  auto r = server::tokenize_request(R"({"model":"m","prompt":"Hello world"})", c);
+  ASSERT_TRUE(std::holds_alternative<std::string>(r));
+  auto j = nlohmann::json::parse(std::get<std::string>(r));
+  std::vector<int32_t> ids = j["tokens"].get<std::vector<int32_t>>();
+  EXPECT_EQ(ids.front(), 0);  // BOS, as /v1/completions encodes a prompt
+  EXPECT_EQ(j["count"], ids.size());
+  EXPECT_EQ(j["max_model_len"], 4096);
+  EXPECT_EQ(ids, ok(server::parse_completion(R"({"prompt":"Hello world"})", c)).prompts[0]);
+  auto plain = nlohmann::json::parse(std::get<std::string>(server::tokenize_request(
+      R"({"prompt":"Hello world","add_special_tokens":false,"return_token_strs":true})", c)));
+  EXPECT_EQ(plain["count"], ids.size() - 1);
+  EXPECT_EQ(plain["token_strs"].size(), ids.size() - 1);
+  EXPECT_EQ(plain["token_strs"][0], "Hello");
+
+  // Messages render exactly as chat completions does.
+  const std::string chat = R"({"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"enabled"}})";
+  auto cj = nlohmann::json::parse(std::get<std::string>(server::tokenize_request(chat, c)));
+  EXPECT_EQ(cj["tokens"].get<std::vector<int32_t>>(), ok(server::parse_chat_completion(chat, c)).prompts[0]);
+
+  auto d = server::detokenize_request(R"({"tokens":[)" + std::to_string(ids[1]) + "," + std::to_string(ids[2]) + "]}", c);
+  ASSERT_TRUE(std::holds_alternative<std::string>(d));
+  EXPECT_EQ(nlohmann::json::parse(std::get<std::string>(d))["prompt"], "Hello world");
+  EXPECT_EQ(nlohmann::json::parse(std::get<std::string>(server::detokenize_request(R"({"tokens":[]})", c)))["prompt"], "");
+
+  auto bad = std::get<server::ApiError>(server::detokenize_request(R"({"tokens":[5,-1]})", c));
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.param, "tokens[1]");
+  bad = std::get<server::ApiError>(server::detokenize_request(R"({"tokens":[5,)" + std::to_string(c.vocab_size) + "]}", c));
+  EXPECT_EQ(bad.param, "tokens[1]");
+  EXPECT_EQ(std::get<server::ApiError>(server::detokenize_request(R"({"tokens":"5"})", c)).param, "tokens");
+  EXPECT_EQ(std::get<server::ApiError>(server::tokenize_request(R"({"prompt":"x","model":"other"})", c)).status, 404);
+  EXPECT_EQ(std::get<server::ApiError>(server::tokenize_request(R"({})", c)).param, "prompt");
+  EXPECT_EQ(std::get<server::ApiError>(server::tokenize_request(R"({"prompt":"x","messages":[]})", c)).param, "prompt");
 }
 
 }  // namespace

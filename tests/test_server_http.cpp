@@ -258,7 +258,7 @@ TEST(ServerHttp, BadRequestsNameTheField) {
   expect_400(ts.port, cmpl, R"({"prompt":"a","echo":true,"logprobs":2})", "echo");
   expect_400(ts.port, cmpl, R"({"prompt":"a","logprobs":true})", "logprobs", "invalid_type");
   expect_400(ts.port, cmpl, R"({"prompt":"a","best_of":3})", "best_of");
-  expect_400(ts.port, cmpl, R"({"prompt":"a","stop":""})", "stop[0]");
+  expect_400(ts.port, cmpl, R"({"prompt":"a","stop":""})", "stop");
   expect_400(ts.port, cmpl, R"({"prompt":")" + big + R"("})", "prompt", "context_length_exceeded");
 
   // Unknown model: 404 naming the field; unknown fields are ignored.

@@ -305,3 +305,39 @@ TEST(StreamParser, FuzzArbitraryBytesNeverCrashOrBreakJson) {
 }
 
 }  // namespace
+
+namespace {
+
+// parallel_tool_calls: false -> the output ends with the first complete call; the rest is dropped.
+TEST(StreamParser, MaxToolCallsEndsAfterTheFirstCall) {
+  ParserOptions o;
+  o.max_tool_calls = 1;
+  const std::string first_args =
+      R"({"shipping address": "Paris\n日本 \"q\" \\", " string= mode ": {"enabled":true}, "count": 2, "": "empty key"})";
+  const std::string rest = kDsmlV41.substr(kDsmlV41.find("</｜DSML｜ invoke>") + std::string("</｜DSML｜").size());
+  expect_split_invariant(o, kDsmlV41,
+                         {content("I'll check."), begin(0, "submit"), args(0, first_args), end(0), invalid(rest),
+                          finish("tool_calls")});
+  // done() turns true as soon as the first call is complete, so generation stops there.
+  StreamParser p(o);
+  std::vector<StreamEvent> out;
+  p.feed(kDsmlV41.substr(0, kDsmlV41.find("</｜DSML｜ invoke>")), out);
+  EXPECT_FALSE(p.done());
+  p.feed("</｜DSML｜ invoke>\n", out);
+  EXPECT_TRUE(p.done());
+  EXPECT_EQ(p.tool_call_count(), 1);
+
+  ParserOptions v3;
+  v3.syntax = ToolCallSyntax::V3;
+  v3.max_tool_calls = 1;
+  const std::string second = "\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  expect_split_invariant(v3,
+                         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
+                         "<｜tool▁call▁end｜>" + second,
+                         {begin(0, "get_weather"), args(0, "{\"city\": \"Paris\"}"), end(0), invalid(second), finish("tool_calls")});
+  // Unlimited (the default) keeps both calls.
+  ParserOptions all;
+  EXPECT_EQ(parse(all, kDsmlV41).size(), 8u);
+}
+
+}  // namespace

@@ -178,6 +178,19 @@ void add_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   c->add_option("--sse-keepalive", a->server.sse_keepalive_s, "Seconds without output before a ': keep-alive' SSE comment (0 = off)")
       ->capture_default_str();
+  c->add_option("--max-json-depth", a->server.json_limits.max_depth, "Deepest nesting of arrays/objects in a request body (400 beyond)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1), size_t(1000)));  // deeper values would strain the recursive copies
+  c->add_option("--max-json-keys", a->server.json_limits.max_keys, "Most keys in one JSON object of a request body (400 beyond)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  c->add_option("--parse-threads", a->server.parse_threads, "Threads that parse requests and render prompts (off the io threads)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  c->add_option("--parse-queue", a->server.parse_queue, "Requests waiting for a parse thread (503 beyond)")->capture_default_str();
+  c->add_option("--allowed-origins", a->server.allowed_origins,
+                "CORS: comma-separated origins allowed to read responses ('*' = any); default none (no CORS headers)")
+      ->delimiter(',');
   c->add_flag("--enable-test-hooks", a->server.test_hooks, "Accept the 'test_forced_output' request field (tests only)");
   c->add_option("--cache-mib", a->cache_mib, "KV cache pool budget in MiB (incl. the prefix cache)")->capture_default_str();
   c->add_option("--state-mib", a->state_mib,

@@ -131,7 +131,8 @@ class Session : public std::enable_shared_from_this<Session> {
     flush();
   }
 
-  void start_stream(uint64_t seq, const std::string& content_type) {
+  void start_stream(uint64_t seq, const std::string& content_type,
+                    const std::vector<std::pair<std::string, std::string>>& headers) {
     if (!current(seq) || responded_) return;
     responded_ = streaming_ = true;
     // A stream needs little kernel buffer; a small one makes a client that stops reading visible
@@ -140,6 +141,7 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.socket().set_option(net::socket_base::send_buffer_size(128 << 10), ec);
     out_pending_ += "HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
                     "\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n";
+    for (const auto& [k, v] : headers) out_pending_ += k + ": " + v + "\r\n";
     out_pending_ += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     last_write_ns_ = now_ns();
     flush();
@@ -256,6 +258,7 @@ class Session : public std::enable_shared_from_this<Session> {
     req.body = std::move(msg.body());
     req.authorization = std::string(msg[http::field::authorization]);
     req.content_type = std::string(msg[http::field::content_type]);
+    req.origin = std::string(msg[http::field::origin]);
     req.keep_alive = keep_alive_ = msg.keep_alive() && !*draining_;
     parser_.reset();
 
@@ -386,8 +389,10 @@ class Exchange : public HttpExchange {
     net::dispatch(s_->executor(), [s = s_, seq = seq_, status, body = std::move(body), ct = std::move(content_type),
                                    h = std::move(headers)]() mutable { s->respond(seq, status, std::move(body), ct, h); });
   }
-  void start_stream(std::string content_type) override {
-    net::dispatch(s_->executor(), [s = s_, seq = seq_, ct = std::move(content_type)] { s->start_stream(seq, ct); });
+  void start_stream(std::string content_type, std::vector<std::pair<std::string, std::string>> headers) override {
+    net::dispatch(s_->executor(), [s = s_, seq = seq_, ct = std::move(content_type), h = std::move(headers)] {
+      s->start_stream(seq, ct, h);
+    });
   }
   void write(std::string_view data) override {
     if (s_->on_strand()) return s_->write(seq_, data);

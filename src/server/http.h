@@ -21,6 +21,7 @@ struct HttpRequest {
   std::string body;
   std::string authorization;  // the Authorization header ("" if absent)
   std::string content_type;
+  std::string origin;  // the Origin header ("" if absent), for CORS
   bool keep_alive = true;
 };
 
@@ -31,7 +32,7 @@ class HttpExchange {
   virtual ~HttpExchange() = default;
   virtual void respond(int status, std::string body, std::string content_type = "application/json",
                        std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
-  virtual void start_stream(std::string content_type) = 0;
+  virtual void start_stream(std::string content_type, std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
   // Queues `data` for the stream; writes are coalesced while one is in flight.
   virtual void write(std::string_view data) = 0;
   virtual void end_stream() = 0;

@@ -56,15 +56,24 @@ std::optional<int64_t> get_int(const ojson& body, const char* key, int64_t lo, i
   return x;
 }
 
-ojson parse_body(std::string_view body) {
+ojson parse_body(std::string_view body, const JsonLimits& limits) {
   const size_t bad = utf8::first_invalid_byte(body);
   if (bad != utf8::kValid)
     throw Reject{invalid_param("", "request body is not valid UTF-8 (byte offset " + std::to_string(bad) + ")", "invalid_utf8")};
   ojson j;
-  try {
-    j = ojson::parse(body.begin(), body.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Reject{invalid_param("", std::string("request body is not valid JSON: ") + e.what(), "invalid_json")};
+  if (auto err = parse_json_limited(body, limits, j)) {
+    switch (err->kind) {
+      case JsonLimitError::Kind::Syntax:
+        throw Reject{invalid_param("", "request body is not valid JSON: " + err->message, "invalid_json")};
+      case JsonLimitError::Kind::Depth:
+        throw Reject{invalid_param(err->path, "request body: " + err->message + (err->path.empty() ? "" : " at " + err->path) +
+                                                  " (the server's limit, --max-json-depth)",
+                                   "json_too_deep")};
+      case JsonLimitError::Kind::Keys:
+        throw Reject{invalid_param(err->path, "request body: " + err->message + (err->path.empty() ? "" : " at " + err->path) +
+                                                  " (the server's limit, --max-json-keys)",
+                                   "json_too_many_keys")};
+    }
   }
   if (!j.is_object()) throw Reject{invalid_param("", std::string("request body must be a JSON object, got ") + j.type_name(), "invalid_json")};
   return j;
@@ -240,7 +249,7 @@ std::string token_text(const Tokenizer& tok, int32_t id) { return utf8::decode_l
 
 ParseResult parse_chat_completion(std::string_view raw, const ModelContext& ctx) {
   return guarded([&]() -> ParseResult {
-    const ojson body = parse_body(raw);
+    const ojson body = parse_body(raw, ctx.json_limits);
     GenerationSpec s;
     s.endpoint = Endpoint::ChatCompletions;
     for (const char* unsupported : {"functions", "function_call", "audio", "prediction"})
@@ -271,6 +280,7 @@ ParseResult parse_chat_completion(std::string_view raw, const ModelContext& ctx)
     openai::ConversionOptions copt;
     copt.format = ctx.chat_format;
     copt.default_thinking = ctx.default_thinking;
+    copt.json_limits = ctx.json_limits;
     auto conv = openai::convert_chat_request(body, copt);
     if (!conv.ok()) throw Reject{invalid_param(conv.error->field, conv.error->message)};
     auto encoded = chat::encode_chat(*ctx.tokenizer, ctx.chat_format, conv.request->chat);
@@ -283,7 +293,7 @@ ParseResult parse_chat_completion(std::string_view raw, const ModelContext& ctx)
 
 ParseResult parse_completion(std::string_view raw, const ModelContext& ctx) {
   return guarded([&]() -> ParseResult {
-    const ojson body = parse_body(raw);
+    const ojson body = parse_body(raw, ctx.json_limits);
     GenerationSpec s;
     s.endpoint = Endpoint::Completions;
     if (const ojson* suffix = member(body, "suffix")) {
@@ -349,12 +359,77 @@ ParseResult parse_completion(std::string_view raw, const ModelContext& ctx) {
       } else {
         reject("stop", "must be a string or an array of strings", "invalid_type");
       }
+      // An empty stop string would match before any output: a 400, as vLLM answers (chat agrees).
       for (size_t i = 0; i < s.stop.size(); ++i)
-        if (s.stop[i].empty()) reject("stop[" + std::to_string(i) + "]", "must not be empty");
+        if (s.stop[i].empty()) reject(st->is_string() ? std::string("stop") : "stop[" + std::to_string(i) + "]", "must not be an empty string");
     }
     fit_context(s, ctx, max_tokens, "max_tokens", "prompt");
     return s;
   });
+}
+
+std::variant<std::string, ApiError> tokenize_request(std::string_view raw, const ModelContext& ctx) {
+  try {
+    const ojson body = parse_body(raw, ctx.json_limits);
+    check_model(body, ctx);
+    const bool token_strs = get_bool(body, "return_token_strs").value_or(false);
+    std::vector<int32_t> ids;
+    const ojson* prompt = member(body, "prompt");
+    const ojson* messages = member(body, "messages");
+    if (prompt && messages) reject("prompt", "give either prompt or messages, not both");
+    if (prompt) {
+      if (!prompt->is_string()) reject("prompt", std::string("must be a string, got ") + prompt->type_name(), "invalid_type");
+      const std::string text = prompt->get<std::string>();
+      // vLLM's default: add_special_tokens true (BOS first, as /v1/completions encodes a prompt).
+      if (get_bool(body, "add_special_tokens").value_or(true)) {
+        ids = encode_text_prompt(text, "prompt", ctx);
+      } else {
+        ids = ctx.tokenizer->encode(text, true);
+      }
+    } else if (messages) {
+      openai::ConversionOptions copt;
+      copt.format = ctx.chat_format;
+      copt.default_thinking = ctx.default_thinking;
+      copt.json_limits = ctx.json_limits;
+      auto conv = openai::convert_chat_request(body, copt);
+      if (!conv.ok()) throw Reject{invalid_param(conv.error->field, conv.error->message)};
+      ids = chat::encode_chat(*ctx.tokenizer, ctx.chat_format, conv.request->chat).ids;
+    } else {
+      reject("prompt", "is required (or messages)");
+    }
+    std::string out = R"({"count":)" + std::to_string(ids.size()) + R"(,"max_model_len":)" + std::to_string(ctx.max_context) +
+                      R"(,"tokens":[)";
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(ids[i]);
+    }
+    out += ']';
+    if (token_strs) {
+      ojson strs = ojson::array();
+      for (int32_t id : ids) strs.push_back(token_text(*ctx.tokenizer, id));
+      out += R"(,"token_strs":)" + strs.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    out += '}';
+    return out;
+  } catch (const Reject& r) {
+    return r.error;
+  }
+}
+
+std::variant<std::string, ApiError> detokenize_request(std::string_view raw, const ModelContext& ctx) {
+  try {
+    const ojson body = parse_body(raw, ctx.json_limits);
+    check_model(body, ctx);
+    const ojson* tokens = member(body, "tokens");
+    if (!tokens) reject("tokens", "is required");
+    if (!tokens->is_array()) reject("tokens", std::string("must be an array of token ids, got ") + tokens->type_name(), "invalid_type");
+    std::vector<int32_t> ids;
+    if (!tokens->empty()) ids = token_array(*tokens, "tokens", ctx);
+    ojson out = {{"prompt", ctx.tokenizer->decode(ids)}};
+    return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } catch (const Reject& r) {
+    return r.error;
+  }
 }
 
 }  // namespace di::server

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/json_limits.h"
 #include "tokenizer/stream_parser.h"
 #include "tokenizer/tokenizer.h"
 
@@ -47,6 +48,7 @@ struct ModelContext {
   int default_max_tokens = 1024;  // chat, when the request gives none (clamped to the context)
   int max_n = 16;
   bool test_hooks = false;  // accept `test_forced_output`
+  JsonLimits json_limits;   // nesting and keys per object in request bodies (400 beyond)
 };
 
 struct GenerationSpec {
@@ -74,6 +76,13 @@ using ParseResult = std::variant<GenerationSpec, ApiError>;
 // and the context length.
 ParseResult parse_chat_completion(std::string_view body, const ModelContext& ctx);
 ParseResult parse_completion(std::string_view body, const ModelContext& ctx);
+
+// vLLM's /tokenize: {"model"?, "prompt", "add_special_tokens"?: true} or {"model"?, "messages", ...chat
+// fields} -> {"count", "max_model_len", "tokens", "token_strs"?}. Messages are rendered exactly as
+// /v1/chat/completions renders them.
+std::variant<std::string, ApiError> tokenize_request(std::string_view body, const ModelContext& ctx);
+// vLLM's /detokenize: {"model"?, "tokens": [ids]} -> {"prompt": text}. Ids outside the vocabulary are a 400.
+std::variant<std::string, ApiError> detokenize_request(std::string_view body, const ModelContext& ctx);
 
 // The token's text for logprobs (invalid UTF-8 bytes as U+FFFD) and its raw bytes.
 std::string token_text(const Tokenizer& tok, int32_t id);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <thread>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -35,6 +36,7 @@ std::string Server::load_error() const {
 }
 
 void Server::start() {
+  workers_ = std::make_unique<WorkerPool>(opt_.parse_threads, opt_.parse_queue);
   http_->start();
   spdlog::info("listening on http://{}:{} ({} io threads)", opt_.http.host, http_->port(), opt_.http.io_threads);
   loader_thread_ = std::thread([this] {
@@ -53,6 +55,7 @@ void Server::start() {
       ctx->model.default_max_tokens = opt_.default_max_tokens;
       ctx->model.max_n = opt_.max_n;
       ctx->model.test_hooks = opt_.test_hooks;
+      ctx->model.json_limits = opt_.json_limits;
       ctx->metrics = &metrics_;
       ctx->sse_keepalive_s = opt_.sse_keepalive_s;
       ctx->shutdown_timeout_s = opt_.shutdown_timeout_s;
@@ -90,6 +93,7 @@ void Server::begin_drain() {
 }
 
 bool Server::drained() const {
+  if (workers_ && workers_->pending() > 0) return false;  // accepted requests still being parsed
   std::lock_guard lk(mu_);
   return !serving_ || serving_->active_generations.load() == 0;
 }
@@ -106,6 +110,9 @@ void Server::stop() {
   if (ctx && ctx->engine) {
     ctx->shutting_down = true;
     ctx->engine->shutdown();
+  }
+  if (workers_) workers_->stop();  // what is queued finishes (against the stopped engine: 503s)
+  if (ctx) {
     // The engine's last events reach the requests on their connections' strands: let them write
     // their error replies before the connections close.
     for (int i = 0; i < 200 && ctx->active_generations.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -119,31 +126,102 @@ void Server::respond_error(HttpExchange& ex, const std::string& endpoint, const 
   ex.respond(e.status, error_body(e), "application/json", e.headers);
 }
 
+void Server::offload(HttpExchange& ex, const std::string& endpoint, std::function<void()> job) {
+  if (workers_ && workers_->try_submit(std::move(job))) return;
+  ApiError e;
+  e.status = 503;
+  e.type = "server_error";
+  e.code = "server_overloaded";
+  e.message = "the server is overloaded: " + std::to_string(opt_.parse_queue) +
+              " requests are already waiting to be parsed (--parse-queue); retry shortly";
+  e.headers.emplace_back("Retry-After", "1");
+  respond_error(ex, endpoint, e);
+}
+
+namespace {
+
+// Adds headers to whichever response goes out (CORS) and drops the body of a HEAD response.
+class ResponseFilter : public HttpExchange {
+ public:
+  ResponseFilter(std::shared_ptr<HttpExchange> inner, std::vector<std::pair<std::string, std::string>> headers, bool head)
+      : inner_(std::move(inner)), headers_(std::move(headers)), head_(head) {}
+  void respond(int status, std::string body, std::string content_type,
+               std::vector<std::pair<std::string, std::string>> headers) override {
+    headers.insert(headers.end(), headers_.begin(), headers_.end());
+    if (head_) body.clear();
+    inner_->respond(status, std::move(body), std::move(content_type), std::move(headers));
+  }
+  void start_stream(std::string content_type, std::vector<std::pair<std::string, std::string>> headers) override {
+    headers.insert(headers.end(), headers_.begin(), headers_.end());
+    inner_->start_stream(std::move(content_type), std::move(headers));
+  }
+  void write(std::string_view data) override { inner_->write(data); }
+  void end_stream() override { inner_->end_stream(); }
+  void on_client_gone(std::function<void()> callback) override { inner_->on_client_gone(std::move(callback)); }
+  void post(std::function<void()> fn) override { inner_->post(std::move(fn)); }
+  bool client_gone() const override { return inner_->client_gone(); }
+  double idle_seconds() const override { return inner_->idle_seconds(); }
+  void every(double seconds, std::function<void()> fn) override { inner_->every(seconds, std::move(fn)); }
+
+ private:
+  std::shared_ptr<HttpExchange> inner_;
+  std::vector<std::pair<std::string, std::string>> headers_;
+  bool head_;
+};
+
+struct Route {
+  const char* path;
+  const char* methods;  // ", "-separated, as in the Allow header
+};
+// GET routes answer HEAD too (same status and headers, no body).
+constexpr Route kRoutes[] = {{"/health", "GET, HEAD"},
+                             {"/metrics", "GET, HEAD"},
+                             {"/version", "GET, HEAD"},
+                             {"/v1/models", "GET, HEAD"},
+                             {"/v1/completions", "POST"},
+                             {"/v1/chat/completions", "POST"},
+                             {"/tokenize", "POST"},
+                             {"/detokenize", "POST"}};
+
+bool method_allowed(std::string_view methods, std::string_view method) {
+  size_t pos = 0;
+  while (pos <= methods.size()) {
+    size_t end = methods.find(", ", pos);
+    if (end == std::string_view::npos) end = methods.size();
+    if (methods.substr(pos, end - pos) == method) return true;
+    pos = end + 2;
+  }
+  return false;
+}
+
+}  // namespace
+
 void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
   const auto arrival = std::chrono::steady_clock::now();
-  const std::string& path = req.target;
+  const std::string path = req.target;
   const bool is_v1 = path.rfind("/v1/", 0) == 0;
 
-  struct Route {
-    const char* path;
-    const char* method;
-  };
-  static constexpr Route kRoutes[] = {{"/health", "GET"},       {"/metrics", "GET"},          {"/v1/models", "GET"},
-                                      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
   const char* allowed = nullptr;
-  bool known = false;
-  for (const auto& r : kRoutes) {
-    if (path == r.path) {
-      known = true;
-      allowed = r.method;
+  for (const auto& r : kRoutes)
+    if (path == r.path) allowed = r.methods;
+  const bool model_path = path.rfind("/v1/models/", 0) == 0 && path.size() > 11;
+  if (model_path) allowed = "GET, HEAD";
+  const bool known = allowed != nullptr;
+  const std::string endpoint = known ? (model_path ? "/v1/models/{model}" : path) : "other";
+
+  // CORS, opt-in: only a listed origin is told it may read the response.
+  std::vector<std::pair<std::string, std::string>> cors;
+  bool origin_listed = false;
+  if (!opt_.allowed_origins.empty() && !req.origin.empty()) {
+    for (const auto& o : opt_.allowed_origins)
+      if (o == "*" || o == req.origin) origin_listed = true;
+    if (origin_listed) {
+      cors.emplace_back("Access-Control-Allow-Origin", req.origin);
+      cors.emplace_back("Vary", "Origin");
     }
   }
-  const bool model_path = path.rfind("/v1/models/", 0) == 0 && path.size() > 11;
-  if (model_path) {
-    known = true;
-    allowed = "GET";
-  }
-  const std::string endpoint = known ? (model_path ? "/v1/models/{model}" : path) : "other";
+  const bool head = req.method == "HEAD";
+  if (!cors.empty() || head) ex = std::make_shared<ResponseFilter>(std::move(ex), cors, head);
 
   if (!known) {
     ApiError e;
@@ -152,7 +230,23 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     e.message = "Unknown request URL: " + req.method + " " + path;
     return respond_error(*ex, endpoint, e);
   }
-  if (req.method != allowed) {
+  // A browser's preflight: answered without the API key (browsers never send one on it).
+  if (req.method == "OPTIONS" && !opt_.allowed_origins.empty() && !req.origin.empty()) {
+    if (!origin_listed) {
+      ApiError e;
+      e.status = 403;
+      e.code = "origin_not_allowed";
+      e.message = "Origin " + req.origin + " is not allowed (--allowed-origins)";
+      return respond_error(*ex, endpoint, e);
+    }
+    metrics_.count_request(endpoint, 204);
+    // "*" does not cover Authorization, so it is named.
+    return ex->respond(204, "", "text/plain",
+                       {{"Access-Control-Allow-Methods", std::string(allowed) + ", OPTIONS"},
+                        {"Access-Control-Allow-Headers", "Authorization, Content-Type, *"},
+                        {"Access-Control-Max-Age", "600"}});
+  }
+  if (!method_allowed(allowed, req.method)) {
     ApiError e;
     e.status = 405;
     e.code = "method_not_allowed";
@@ -160,7 +254,8 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     e.headers.emplace_back("Allow", allowed);
     return respond_error(*ex, endpoint, e);
   }
-  if (is_v1 && !opt_.api_key.empty()) {
+  const bool tokenizer_path = path == "/tokenize" || path == "/detokenize";
+  if ((is_v1 || tokenizer_path) && !opt_.api_key.empty()) {
     const std::string prefix = "Bearer ";
     const bool ok = req.authorization.size() > prefix.size() && req.authorization.compare(0, prefix.size(), prefix) == 0 &&
                     constant_time_equal(req.authorization.substr(prefix.size()), opt_.api_key);
@@ -192,6 +287,10 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     return ex->respond(503, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json",
                        {{"Retry-After", "5"}});
   }
+  if (path == "/version") {
+    metrics_.count_request(endpoint, 200);
+    return ex->respond(200, nlohmann::json{{"version", version_string()}}.dump());
+  }
   if (path == "/metrics") {
     metrics_.count_request(endpoint, 200);
     std::optional<engine::EngineStats> stats;
@@ -218,7 +317,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     return ex->respond(200, nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({card})}}.dump());
   }
 
-  // Completion endpoints.
+  // Endpoints that need the model.
   if (state != State::Ready || !ctx) {
     ApiError e;
     e.status = 503;
@@ -230,24 +329,52 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     e.headers.emplace_back("Retry-After", "5");
     return respond_error(*ex, endpoint, e);
   }
-  ParseResult parsed;
-  try {
-    parsed = path == "/v1/chat/completions" ? parse_chat_completion(req.body, ctx->model) : parse_completion(req.body, ctx->model);
-  } catch (const std::exception& e) {
-    // A fault of the server's own setup (e.g. a chat template token missing from the tokenizer).
-    ApiError err;
-    err.status = 500;
-    err.type = "server_error";
-    err.code = "internal_error";
-    err.message = e.what();
-    spdlog::error("{} {}: {}", req.method, path, e.what());
-    return respond_error(*ex, endpoint, err);
-  }
-  if (auto* err = std::get_if<ApiError>(&parsed)) {
-    spdlog::info("{} {} status={} error=\"{}\"", req.method, path, err->status, err->message);
-    return respond_error(*ex, endpoint, *err);
-  }
-  run_generation(std::move(std::get<GenerationSpec>(parsed)), std::move(ex), std::move(ctx), arrival);
+
+  // Parsing and prompt rendering cost time in the size of the body: never on an io thread.
+  auto body = std::make_shared<std::string>(std::move(req.body));
+  const std::string method = req.method;
+  HttpExchange& exr = *ex;
+  offload(exr, endpoint, [this, ex, ctx, body, path, method, endpoint, arrival] {
+    if (ex->client_gone()) return;  // nobody to answer
+    auto server_fault = [&](const std::exception& e) {
+      // A fault of the server's own setup (e.g. a chat template token missing from the tokenizer).
+      ApiError err;
+      err.status = 500;
+      err.type = "server_error";
+      err.code = "internal_error";
+      err.message = e.what();
+      spdlog::error("{} {}: {}", method, path, e.what());
+      respond_error(*ex, endpoint, err);
+    };
+    if (path == "/tokenize" || path == "/detokenize") {
+      std::variant<std::string, ApiError> r;
+      try {
+        r = path == "/tokenize" ? tokenize_request(*body, ctx->model) : detokenize_request(*body, ctx->model);
+      } catch (const std::exception& e) {
+        return server_fault(e);
+      }
+      if (auto* err = std::get_if<ApiError>(&r)) return respond_error(*ex, endpoint, *err);
+      metrics_.count_request(endpoint, 200);
+      return ex->respond(200, std::move(std::get<std::string>(r)));
+    }
+    ParseResult parsed;
+    try {
+      parsed = path == "/v1/chat/completions" ? parse_chat_completion(*body, ctx->model) : parse_completion(*body, ctx->model);
+    } catch (const std::exception& e) {
+      return server_fault(e);
+    }
+    body->clear();
+    body->shrink_to_fit();
+    if (auto* err = std::get_if<ApiError>(&parsed)) {
+      spdlog::info("{} {} status={} error=\"{}\"", method, path, err->status, err->message);
+      return respond_error(*ex, endpoint, *err);
+    }
+    // run_generation belongs on the connection's strand.
+    auto spec = std::make_shared<GenerationSpec>(std::move(std::get<GenerationSpec>(parsed)));
+    ex->post([spec, ex, ctx, arrival] { run_generation(std::move(*spec), ex, ctx, arrival); });
+  });
 }
+
+const char* version_string() { return DI_VERSION; }
 
 }  // namespace di::server

@@ -8,11 +8,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/worker_pool.h"
 
 namespace di::server {
 
@@ -27,6 +29,10 @@ struct ServerOptions {
   double sse_keepalive_s = 15;     // ": keep-alive" comment after this long without output; 0 = off
   bool test_hooks = false;         // accept the `test_forced_output` request field
   double shutdown_timeout_s = 20;  // drain: how long running requests may go on after SIGTERM
+  JsonLimits json_limits;          // request bodies: nesting depth and keys per object (400 beyond)
+  int parse_threads = 2;           // workers that parse requests and render prompts (off the io threads)
+  size_t parse_queue = 1024;       // requests waiting for a parse worker (503 beyond); bursts of small requests need room
+  std::vector<std::string> allowed_origins;  // CORS: origins answered with Access-Control-Allow-Origin ("*" = any); none = no CORS
 };
 
 // What the loader produces. model.served_name / chat_format / limits are filled from ServerOptions.
@@ -62,6 +68,8 @@ class Server {
  private:
   enum class State { Loading, Ready, Failed, Draining, Stopped };
   void respond_error(HttpExchange& ex, const std::string& endpoint, const ApiError& e);
+  // Runs `job` on a parse worker; answers 503 itself when the queue is full.
+  void offload(HttpExchange& ex, const std::string& endpoint, std::function<void()> job);
 
   ServerOptions opt_;
   ModelLoader loader_;
@@ -73,7 +81,11 @@ class Server {
   std::string load_error_;
   std::atomic<bool> cancel_load_{false};
   std::thread loader_thread_;
+  std::unique_ptr<WorkerPool> workers_;
 };
+
+// The deepinfer version this binary was built as (CMake's project version).
+const char* version_string();
 
 // Equal-length-independent comparison that does not stop at the first difference.
 bool constant_time_equal(const std::string& a, const std::string& b);

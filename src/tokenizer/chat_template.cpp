@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "tokenizer/chat_internal.h"
 #include "tokenizer/tokenizer.h"
@@ -164,7 +165,7 @@ std::string serde_float(double v) {
   return sign + body;
 }
 
-void write_value(std::string& out, const nlohmann::ordered_json& v) {
+void write_scalar(std::string& out, const nlohmann::ordered_json& v) {
   using T = nlohmann::ordered_json::value_t;
   switch (v.type()) {
     case T::null: out += "null"; break;
@@ -173,32 +174,59 @@ void write_value(std::string& out, const nlohmann::ordered_json& v) {
     case T::number_unsigned: out += std::to_string(v.get<uint64_t>()); break;
     case T::number_float: out += serde_float(v.get<double>()); break;
     case T::string: write_json_string(out, v.get_ref<const std::string&>()); break;
-    case T::array: {
-      out += '[';
-      bool first = true;
-      for (const auto& item : v) {
-        if (!first) out += ", ";
-        first = false;
-        write_value(out, item);
-      }
-      out += ']';
-      break;
-    }
-    case T::object: {
-      out += '{';
-      bool first = true;
-      for (const auto& [key, item] : v.items()) {
-        if (!first) out += ", ";
-        first = false;
-        write_json_string(out, key);
-        out += ": ";
-        write_value(out, item);
-      }
-      out += '}';
-      break;
-    }
+    case T::array:
+    case T::object:
     case T::binary:
     case T::discarded: out += "null"; break;
+  }
+}
+
+// Iterative, so a value nested arbitrarily deep (tool schemas and arguments come from clients)
+// cannot overflow the stack.
+void write_value(std::string& out, const nlohmann::ordered_json& root) {
+  using J = nlohmann::ordered_json;
+  using Entries = J::object_t::Container;  // index the vector under ordered_map
+  struct Frame {
+    const J* v;
+    size_t next;
+  };
+  std::vector<Frame> stack;
+  auto enter = [&](const J& v) {
+    if (v.is_array()) {
+      out += '[';
+      stack.push_back({&v, 0});
+    } else if (v.is_object()) {
+      out += '{';
+      stack.push_back({&v, 0});
+    } else {
+      write_scalar(out, v);
+    }
+  };
+  enter(root);
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    const size_t i = f.next++;
+    if (f.v->is_array()) {
+      const auto& arr = f.v->get_ref<const J::array_t&>();
+      if (i == arr.size()) {
+        out += ']';
+        stack.pop_back();
+        continue;
+      }
+      if (i) out += ", ";
+      enter(arr[i]);  // may grow `stack`: `f` is not used after this
+    } else {
+      const auto& obj = static_cast<const Entries&>(f.v->get_ref<const J::object_t&>());
+      if (i == obj.size()) {
+        out += '}';
+        stack.pop_back();
+        continue;
+      }
+      if (i) out += ", ";
+      write_json_string(out, obj[i].first);
+      out += ": ";
+      enter(obj[i].second);
+    }
   }
 }
 

@@ -18,6 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/json_limits.h"
+
 namespace di {
 class Tokenizer;
 }
@@ -86,6 +88,7 @@ struct ChatRequest {
   bool thinking = false;
   ReasoningEffort reasoning_effort;
   bool add_generation_prompt = true;  // V3 family templates only; V4.x always ends with the assistant header
+  JsonLimits json_limits;  // V4.x parses tool-call arguments (JSON text) within these
 };
 
 struct Segment {

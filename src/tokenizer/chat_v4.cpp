@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tokenizer/chat_internal.h"
+#include "tokenizer/json_limits.h"
 
 namespace di::chat {
 namespace {
@@ -43,8 +44,11 @@ std::string effort_prompt(const V4Tags& tags, size_t index, bool thinking, const
 std::string tag(std::string_view name) { return "<" + std::string(kDsml) + std::string(name) + ">"; }
 std::string end_tag(std::string_view name) { return "</" + std::string(kDsml) + std::string(name) + ">"; }
 
-std::string render_arguments(const V4Tags& tags, const ToolCall& call) {
-  nlohmann::ordered_json args = nlohmann::ordered_json::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
+std::string render_arguments(const V4Tags& tags, const ToolCall& call, const JsonLimits& limits) {
+  nlohmann::ordered_json args;
+  if (auto err = parse_json_limited(call.arguments, limits, args); err && err->kind != JsonLimitError::Kind::Syntax) {
+    throw ChatError("tool_calls.function.arguments" + (err->path.empty() ? "" : "." + err->path), err->message);
+  }
   if (!args.is_object()) {
     // The recipe wraps arguments that are not a JSON object rather than failing the request.
     args = nlohmann::ordered_json::object();
@@ -64,12 +68,12 @@ std::string render_arguments(const V4Tags& tags, const ToolCall& call) {
   return out;
 }
 
-std::string render_tool_calls_block(const V4Tags& tags, const std::vector<ToolCall>& calls) {
+std::string render_tool_calls_block(const V4Tags& tags, const std::vector<ToolCall>& calls, const JsonLimits& limits) {
   std::string invokes;
   for (size_t i = 0; i < calls.size(); ++i) {
     if (i) invokes += "\n";
     invokes += "<" + std::string(kDsml) + std::string(tags.invoke) + " name=\"" + calls[i].name + "\">\n" +
-               render_arguments(tags, calls[i]) + "\n" + end_tag(tags.invoke);
+               render_arguments(tags, calls[i], limits) + "\n" + end_tag(tags.invoke);
   }
   return tag(tags.calls_block) + "\n" + invokes + "\n" + end_tag(tags.calls_block);
 }
@@ -213,7 +217,7 @@ void render_message(const V4Tags& tags, const std::vector<Message>& messages, si
         out.special(kThinkEnd);
       }
       out.content(content);
-      if (msg.tool_calls && !msg.tool_calls->empty()) out.templ("\n\n" + render_tool_calls_block(tags, *msg.tool_calls));
+      if (msg.tool_calls && !msg.tool_calls->empty()) out.templ("\n\n" + render_tool_calls_block(tags, *msg.tool_calls, req.json_limits));
       out.special(kEos);
       break;
     }

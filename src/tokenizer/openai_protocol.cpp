@@ -53,7 +53,7 @@ std::optional<std::string> read_content(const json& msg, const std::string& fiel
   return out;
 }
 
-chat::ToolCall read_tool_call(const json& tc, const std::string& field) {
+chat::ToolCall read_tool_call(const json& tc, const std::string& field, const JsonLimits& limits) {
   if (!tc.is_object()) fail(field, "must be an object");
   chat::ToolCall call;
   if (const json* id = member(tc, "id")) call.id = need_string(*id, field + ".id");
@@ -71,6 +71,10 @@ chat::ToolCall read_tool_call(const json& tc, const std::string& field) {
     call.arguments = "{}";
   } else if (args->is_string()) {
     call.arguments = args->get<std::string>();
+    // The V4 formats parse this text to render it: hold it to the same bounds as the body.
+    json parsed;
+    if (auto err = parse_json_limited(call.arguments, limits, parsed); err && err->kind != JsonLimitError::Kind::Syntax)
+      fail(field + ".function.arguments", err->message + (err->path.empty() ? "" : " at " + err->path));
   } else if (args->is_object()) {
     call.arguments = args->dump();  // lenient: some clients send the object itself
   } else {
@@ -79,7 +83,7 @@ chat::ToolCall read_tool_call(const json& tc, const std::string& field) {
   return call;
 }
 
-chat::Message read_message(const json& m, size_t index) {
+chat::Message read_message(const json& m, size_t index, const JsonLimits& limits) {
   const std::string f = "messages[" + std::to_string(index) + "]";
   if (!m.is_object()) fail(f, "must be an object");
   const json* role = member(m, "role");
@@ -109,7 +113,7 @@ chat::Message read_message(const json& m, size_t index) {
       if (!tcs->is_array()) fail(f + ".tool_calls", "must be an array");
       msg.tool_calls.emplace();
       for (size_t i = 0; i < tcs->size(); ++i)
-        msg.tool_calls->push_back(read_tool_call((*tcs)[i], f + ".tool_calls[" + std::to_string(i) + "]"));
+        msg.tool_calls->push_back(read_tool_call((*tcs)[i], f + ".tool_calls[" + std::to_string(i) + "]", limits));
     }
     if (const json* prefix = member(m, "prefix")) {
       if (!prefix->is_boolean()) fail(f + ".prefix", "must be a boolean");
@@ -156,7 +160,8 @@ ConversionResult convert_chat_request(const json& body, const ConversionOptions&
     if (!messages) fail("messages", "is required");
     if (!messages->is_array()) fail("messages", "must be an array");
     if (messages->empty()) fail("messages", "must not be empty");
-    for (size_t i = 0; i < messages->size(); ++i) req.messages.push_back(read_message((*messages)[i], i));
+    for (size_t i = 0; i < messages->size(); ++i) req.messages.push_back(read_message((*messages)[i], i, options.json_limits));
+    req.json_limits = options.json_limits;
 
     if (const json* tools = member(body, "tools")) {
       if (!tools->is_array()) fail("tools", "must be an array");
@@ -191,6 +196,11 @@ ConversionResult convert_chat_request(const json& body, const ConversionOptions&
       } else {
         fail("tool_choice", "must be a string or an object");
       }
+    }
+    bool parallel_tool_calls = true;
+    if (const json* ptc = member(body, "parallel_tool_calls")) {
+      if (!ptc->is_boolean()) fail("parallel_tool_calls", "must be a boolean, got " + type_name(*ptc));
+      parallel_tool_calls = ptc->get<bool>();
     }
     if (req.tool_choice == chat::ToolChoice::Required && req.tools.empty())
       fail("tool_choice", "\"required\" needs at least one tool in tools");
@@ -265,12 +275,18 @@ ConversionResult convert_chat_request(const json& body, const ConversionOptions&
 
     std::vector<std::string> stop;
     if (const json* s = member(body, "stop")) {
+      // An empty stop string would match before any output: a 400, as vLLM answers.
       if (s->is_string()) {
         stop.push_back(s->get<std::string>());
+        if (stop.back().empty()) fail("stop", "must not be an empty string");
       } else if (s->is_array()) {
         if (s->size() > options.max_stop_sequences)
           fail("stop", "at most " + std::to_string(options.max_stop_sequences) + " stop sequences");
-        for (size_t i = 0; i < s->size(); ++i) stop.push_back(need_string((*s)[i], "stop[" + std::to_string(i) + "]"));
+        for (size_t i = 0; i < s->size(); ++i) {
+          const std::string f = "stop[" + std::to_string(i) + "]";
+          stop.push_back(need_string((*s)[i], f));
+          if (stop.back().empty()) fail(f, "must not be an empty string");
+        }
       } else {
         fail("stop", "must be a string or an array of strings");
       }
@@ -293,6 +309,7 @@ ConversionResult convert_chat_request(const json& body, const ConversionOptions&
     if (options.format == ChatFormat::DeepSeekR1) req.thinking = true;
     if (options.format == ChatFormat::DeepSeekV3) req.thinking = false;
     p.parse_json_output = req.json_mode;
+    p.max_tool_calls = parallel_tool_calls ? 0 : 1;
     p.stop_sequences = std::move(stop);
     // Validate against the format now so the caller gets a 400, not a failure at encode time.
     try {

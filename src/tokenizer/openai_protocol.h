@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/chat_template.h"
+#include "tokenizer/json_limits.h"
 #include "tokenizer/stream_parser.h"
 
 namespace di::openai {
@@ -26,6 +27,7 @@ struct ConversionOptions {
   chat::ChatFormat format = chat::ChatFormat::DeepSeekV41;
   bool default_thinking = false;  // when the request says nothing about thinking
   size_t max_stop_sequences = 16;
+  JsonLimits json_limits;  // for tool-call arguments sent as JSON text
 };
 
 struct ConvertedRequest {
@@ -42,7 +44,9 @@ struct ConversionResult {
 // Reads messages, tools, tool_choice, response_format, stop, and thinking from `thinking`
 // ({"type": "enabled"|"disabled"}, DeepSeek's API), `chat_template_kwargs.thinking` /
 // `.enable_thinking` / top-level `enable_thinking`, or `reasoning_effort` ("none" disables thinking;
-// any other level enables it). Sampling fields are left to the caller.
+// any other level enables it), and `parallel_tool_calls` (false: the parser ends the output after the
+// first complete tool call). An empty stop string is a 400, as in vLLM. Sampling fields are left to
+// the caller.
 // The body should be parsed as ordered_json: tool schemas are rendered in the client's key order.
 ConversionResult convert_chat_request(const nlohmann::ordered_json& body, const ConversionOptions& options);
 

@@ -395,6 +395,14 @@ void StreamParser::close_open_call(std::vector<StreamEvent>& out) {
 }
 
 void StreamParser::on_label(int id, std::vector<StreamEvent>& out) {
+  on_label_inner(id, out);
+  if (opt_.max_tool_calls > 0 && tool_count_ >= opt_.max_tool_calls && !in_call_ && stage_ != Stage::Finished) {
+    finished_calls_ = true;
+    enter(Stage::Finished);
+  }
+}
+
+void StreamParser::on_label_inner(int id, std::vector<StreamEvent>& out) {
   if (id >= kStopBase) {
     stopped_ = true;
     matched_stop_ = opt_.stop_sequences[id - kStopBase];

@@ -25,6 +25,9 @@ struct ParserOptions {
   bool start_in_reasoning = false;    // the prompt ended with `<think>`
   bool parse_json_output = false;     // JSON mode: keep the JSON value, drop fences and surrounding text
   std::vector<std::string> stop_sequences;  // matched in answer text and JSON output only
+  // > 0: the output ends once this many tool calls are complete (parallel_tool_calls: false -> 1);
+  // anything after is dropped and the finish reason is "tool_calls".
+  int max_tool_calls = 0;
   // If the output ends (not by the length limit) while still in reasoning and no answer or tool call
   // came, re-emit the reasoning text as content so the answer is not lost (deepseek-recipe leaves it
   // in reasoning only; set false to match it exactly).
@@ -79,6 +82,7 @@ class StreamParser {
   void enter(Stage stage);
   void emit_unmatched(std::string_view text, std::vector<StreamEvent>& out);
   void on_label(int label_id, std::vector<StreamEvent>& out);
+  void on_label_inner(int label_id, std::vector<StreamEvent>& out);
   void emit(EventKind kind, std::string_view text, std::vector<StreamEvent>& out, int tool_index = -1);
   void begin_tool_call(std::vector<StreamEvent>& out);
   void end_tool_call(std::vector<StreamEvent>& out);
