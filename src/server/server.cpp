@@ -21,7 +21,9 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 }
 
 Server::Server(ServerOptions options, ModelLoader loader) : opt_(std::move(options)), loader_(std::move(loader)) {
-  http_ = std::make_unique<HttpServer>(opt_.http, [this](HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
+  HttpOptions http = opt_.http;
+  http.header_check = [this](const HttpHeaderView& h) { return check_headers(h); };
+  http_ = std::make_unique<HttpServer>(http, [this](HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     handle(std::move(req), std::move(ex));
   });
 }
@@ -220,6 +222,25 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     return respond_error(*ex, endpoint, *err);
   }
   run_generation(std::move(std::get<GenerationSpec>(parsed)), std::move(ex), std::move(ctx), arrival);
+}
+
+// Header stage (before the body is read): a request that carries a body to an endpoint needing the
+// key, without the right key, is refused here, so unauthenticated clients cannot make the server
+// buffer bodies. Requests without a body go through handle(), which answers them the same way.
+std::optional<HttpRejection> Server::check_headers(const HttpHeaderView& h) {
+  if (opt_.api_key.empty() || !h.has_body() || h.target.rfind("/v1/", 0) != 0) return std::nullopt;
+  const std::string_view prefix = "Bearer ";
+  const std::string_view auth = h.authorization;
+  if (auth.size() > prefix.size() && auth.substr(0, prefix.size()) == prefix &&
+      constant_time_equal(std::string(auth.substr(prefix.size())), opt_.api_key))
+    return std::nullopt;
+  ApiError e;
+  e.status = 401;
+  e.code = "invalid_api_key";
+  e.message = auth.empty() ? "Missing API key: send 'Authorization: Bearer <key>'" : "Incorrect API key provided";
+  const bool counted = h.target == "/v1/chat/completions" || h.target == "/v1/completions";
+  metrics_.count_request(counted ? std::string(h.target) : "other", 401);
+  return HttpRejection{e.status, error_body(e), "application/json", e.headers};
 }
 
 }  // namespace di::server

@@ -52,6 +52,8 @@ class Server {
   void stop();
 
   void handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex);
+  // The HTTP layer's header-stage check: authentication of requests with a body.
+  std::optional<HttpRejection> check_headers(const HttpHeaderView& h);
 
  private:
   enum class State { Loading, Ready, Failed, Stopped };
