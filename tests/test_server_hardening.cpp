@@ -23,7 +23,7 @@ struct FloodConn {
 // every 100 ms while the flood is on.
 std::vector<int> flood(uint16_t port, int n, size_t body_bytes, const std::string& extra_headers,
                        const std::function<void()>& tick) {
-  std::vector<FloodConn> conns(size_t(n));
+  std::vector<FloodConn> conns(static_cast<size_t>(n));
   const std::string head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra_headers +
                            "Content-Length: " + std::to_string(body_bytes) + "\r\n\r\n";
   for (auto& c : conns) {
