@@ -771,13 +771,21 @@ TEST(ServerHttpLimits, HeaderSizeLimitIs431) {
 
 TEST(ServerHttpProtocol, TransferCodingsOtherThanChunkedAre501) {
   TestServer ts(hello_engine());
-  for (const char* te : {"gzip, chunked", "gzip", "deflate,chunked"}) {
+  for (const char* te : {"gzip, chunked", "deflate,chunked", "x-custom ,  Chunked"}) {
     RawConn c(ts.port);
     c.send(std::string("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: ") +
            te + "\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
     auto r = c.read_reply(5000);
     EXPECT_EQ(r.status, 501) << te;
     EXPECT_EQ(error_of(r)["code"], "unsupported_transfer_encoding") << te;
+  }
+  // Chunked not last, or beside Content-Length: the body length is ambiguous (smuggling) -> 400.
+  for (const char* fields : {"Transfer-Encoding: chunked, gzip\r\n", "Transfer-Encoding: gzip\r\n",
+                             "Transfer-Encoding: chunked, chunked\r\n", "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"}) {
+    RawConn c(ts.port);
+    c.send(std::string("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n") + fields +
+           "\r\n5\r\nhello\r\n0\r\n\r\n");
+    EXPECT_EQ(c.read_reply(5000).status, 400) << fields;
   }
   // Plain chunked is served.
   RawConn c(ts.port);

@@ -166,15 +166,19 @@ void add_serve(CLI::App& app) {
   c->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or $DEEPINFER_API_KEY)");
   c->add_option("--max-body-bytes", a->server.http.max_body_bytes, "Largest request body (413 beyond)")->capture_default_str();
   c->add_option("--max-header-bytes", a->server.http.max_header_bytes, "Largest request line + header fields (431 beyond)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1024), size_t(1) << 24));
   c->add_option("--max-inflight-body-mib", a->inflight_body_mib,
                 "Request bodies being received or parsed, all connections together, in MiB (503 beyond)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   c->add_option("--max-connections", a->server.http.max_connections, "Open connections (503 and close beyond)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   c->add_option("--write-timeout", a->server.http.write_timeout_s,
                 "Seconds a reply may wait for the client to read it before the connection is closed (0 = never)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--io-threads", a->server.http.io_threads, "HTTP io threads")->capture_default_str();
   c->add_option("--idle-timeout", a->server.http.idle_timeout_s, "Seconds a keep-alive connection may wait for its next request")
       ->capture_default_str();

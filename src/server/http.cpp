@@ -299,7 +299,15 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto te = req.find(http::field::transfer_encoding);
     if (te != req.end()) {
       const auto codings = transfer_codings(te->value());
-      if (codings.size() != 1 || !beast::iequals(codings[0], "chunked"))
+      // Without chunked as the last coding (once) the body length is undetermined (RFC 9112 section 6.3): 400.
+      bool framed = !codings.empty() && beast::iequals(codings.back(), "chunked");
+      for (size_t i = 0; i + 1 < codings.size(); ++i) framed = framed && !beast::iequals(codings[i], "chunked");
+      if (!framed)
+        return send_error_and_close(400, error_json("malformed Transfer-Encoding '" + std::string(te->value()) +
+                                                         "' (chunked must be the last coding)",
+                                                     "bad_request"));
+      // Codings under the chunked framing (gzip, deflate, ...) are not decoded: refuse, not ignore.
+      if (codings.size() != 1)
         return send_error_and_close(501, error_json("unsupported Transfer-Encoding '" + std::string(te->value()) +
                                                         "' (only chunked is accepted)",
                                                     "unsupported_transfer_encoding"));
@@ -323,6 +331,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
 
     if (view.has_body()) {
+      // Without room the parser reads a body a few hundred bytes per call.
+      buf_.reserve(std::min<size_t>(kBodyReadBytes, view.content_length ? size_t(*view.content_length) : kBodyReadBytes));
       charge_ = std::make_shared<BodyCharge>(budget_);
       // A declared length is reserved whole (the body string reserves it); chunked bodies are charged as they grow.
       if (view.content_length && !charge_->grow_to(size_t(*view.content_length))) return refuse_busy();
@@ -553,6 +563,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   static constexpr size_t kDiscardBytes = 16 * 1024;
+  static constexpr size_t kBodyReadBytes = 64 * 1024;
   static constexpr int kLingerMs = 2000;
 
   beast::tcp_stream stream_;
