@@ -1006,3 +1006,28 @@ TEST(ServerHttpLimits, LoopbackAddresses) {
 
 }  // namespace
 }  // namespace di::test
+
+namespace di::test {
+namespace {
+
+// Through the server: a stream whose client stops reading is cancelled in the engine after --write-timeout.
+TEST(ServerHttpLimits, WriteTimeoutCancelsTheGeneration) {
+  FakeEngineOptions fo = hello_engine();
+  fo.script = script_tokens("a b c d e f g", false);
+  fo.step_ms = 1;
+  TestServer ts(fo, [](server::ServerOptions& o) { o.http.write_timeout_s = 0.5; });
+  RawConn c(ts.port);
+  int small = 4096;
+  ::setsockopt(c.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  // Eight choices with 20 top logprobs each: several kB per engine step, far more than the socket buffers hold.
+  c.send(http_request("POST", "/v1/completions",
+                      R"({"prompt":"x","max_tokens":3000,"n":8,"logprobs":20,"ignore_eos":true,"stream":true})"));
+  for (int i = 0; i < 1000 && ts.engine->cancel_calls().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(ts.engine->cancel_calls().size(), 1u) << "the engine kept generating for a client that does not read";
+  for (int i = 0; i < 200 && ts.engine->stats().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(ts.engine->stats().running, 0);
+  EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
+}
+
+}  // namespace
+}  // namespace di::test

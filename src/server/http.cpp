@@ -577,7 +577,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   uint64_t seq_ = 0;
   bool keep_alive_ = true, completed_ = true, responded_ = false, streaming_ = false, end_requested_ = false;
-  bool write_in_flight_ = false, gone_ = false, closed_ = false, watching_ = false;
+  bool write_in_flight_ = false, closed_ = false, watching_ = false;
+  std::atomic<bool> gone_{false};  // read by client_gone() from any thread
   bool head_ = false, http10_ = false, close_delimited_ = false, linger_ = false;
   std::string out_pending_, out_writing_;
   std::atomic<size_t> buffered_bytes_{0};
