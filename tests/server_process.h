@@ -95,7 +95,7 @@ class ServerProcess {
       }
     });
     // The listener comes up before the model loads: read the port from the log.
-    const std::regex listening(R"(listening on http://127\.0\.0\.1:(\d+))");
+    const std::regex listening(R"(listening on http://\S*:(\d+) )");
     for (int i = 0; i < 600 && port_ == 0; ++i) {
       {
         std::lock_guard lk(mu_);

@@ -280,7 +280,9 @@ class RawConn {
     return true;
   }
   // Reads one complete response (Content-Length or chunked). `on_chunk` sees stream pieces as they come.
-  HttpReply read_reply(int timeout_ms = 20000, const std::function<bool(const std::string&)>& on_chunk = nullptr) {
+  // `to_head`: the reply to a HEAD request, which has the GET reply's headers and no body.
+  HttpReply read_reply(int timeout_ms = 20000, const std::function<bool(const std::string&)>& on_chunk = nullptr,
+                       bool to_head = false) {
     HttpReply r;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     auto left = [&] {
@@ -307,6 +309,7 @@ class RawConn {
       }
       pos = next;
     }
+    if (to_head) return r;
     if (r.headers.count("content-length")) {
       const size_t len = std::stoul(r.headers["content-length"]);
       while (buf_.size() < len)
@@ -360,7 +363,7 @@ inline HttpReply fetch(uint16_t port, const std::string& method, const std::stri
                        const std::string& extra_headers = "") {
   RawConn c(port);
   c.send(http_request(method, path, body, extra_headers));
-  return c.read_reply();
+  return c.read_reply(20000, nullptr, method == "HEAD");
 }
 
 // "data: ..." payloads of an SSE body, in order (comments excluded).

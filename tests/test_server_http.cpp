@@ -620,3 +620,414 @@ TEST(ServerHttp, Holds512ConcurrentStreams) {
 
 }  // namespace
 }  // namespace di::test
+
+// ---- limits for untrusted clients and protocol corners (issue 28 items 3, 5, 6) -------------------
+
+namespace di::test {
+namespace {
+
+std::string post_head(const std::string& path, size_t content_length, const std::string& extra = "") {
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
+         "Content-Length: " + std::to_string(content_length) + "\r\n\r\n";
+}
+
+// kChat padded with trailing spaces to exactly n bytes (still valid JSON).
+std::string padded_chat(size_t n) {
+  std::string s = kChat;
+  s.resize(std::max(n, s.size()), ' ');
+  return s;
+}
+
+TEST(ServerHttpLimits, MissingKeyIs401BeforeTheBodyIsRead) {
+  TestServer ts(hello_engine(), [](server::ServerOptions& o) { o.api_key = "sekret-key"; });
+  // Only the header is sent: the answer must not wait for the body.
+  {
+    RawConn c(ts.port);
+    c.send(post_head("/v1/chat/completions", 100000));
+    auto r = c.read_reply(5000);
+    EXPECT_EQ(r.status, 401);
+    EXPECT_EQ(error_of(r)["code"], "invalid_api_key");
+    EXPECT_EQ(r.headers["connection"], "close");
+    EXPECT_TRUE(r.closed);
+  }
+  {
+    RawConn c(ts.port);
+    c.send(post_head("/v1/completions", 100000, "Authorization: Bearer wrong\r\n"));
+    EXPECT_EQ(c.read_reply(5000).status, 401);
+  }
+  // With Expect: 100-continue the client never has to send the body at all.
+  {
+    RawConn c(ts.port);
+    c.send(post_head("/v1/chat/completions", 100000, "Expect: 100-continue\r\n"));
+    EXPECT_EQ(c.read_reply(5000).status, 401);
+  }
+  // A client that keeps sending its body after the refusal still reads the 401 (no reset while it sends).
+  {
+    RawConn c(ts.port);
+    const std::string body(4 << 20, ' ');
+    c.send(post_head("/v1/chat/completions", body.size()));
+    std::thread sender([&] {
+      try {
+        c.send(body);
+      } catch (const std::exception&) {
+      }
+    });
+    auto r = c.read_reply(10000);
+    sender.join();
+    EXPECT_EQ(r.status, 401);
+  }
+  // The right key: the body is read and served.
+  {
+    RawConn c(ts.port);
+    c.send(post_head("/v1/chat/completions", kChat.size(), "Authorization: Bearer sekret-key\r\n"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    c.send(kChat);
+    EXPECT_EQ(c.read_reply(5000).status, 200);
+  }
+  EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
+  // Refused at the header stage, still counted.
+  const std::string m = fetch(ts.port, "GET", "/metrics").body;
+  EXPECT_NE(m.find("deepinfer_http_requests_total{endpoint=\"/v1/chat/completions\",status=\"401\"} 3\n"), std::string::npos) << m;
+}
+
+TEST(ServerHttpLimits, InflightBodyBudgetIs503) {
+  TestServer ts(hello_engine(), [](server::ServerOptions& o) {
+    o.http.max_body_bytes = 4 << 20;
+    o.http.max_inflight_body_bytes = 1 << 20;
+  });
+  const size_t len = 700000;
+  // A holds 700 kB of the 1 MiB budget while its body trickles in.
+  RawConn a(ts.port);
+  a.send(post_head("/v1/chat/completions", len));
+  a.send(std::string(kChat));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    RawConn b(ts.port);
+    b.send(post_head("/v1/chat/completions", len));
+    auto r = b.read_reply(5000);
+    EXPECT_EQ(r.status, 503);
+    EXPECT_EQ(error_of(r)["code"], "server_busy");
+    EXPECT_EQ(r.headers["retry-after"], "1");
+  }
+  // Small bodies still fit beside it.
+  EXPECT_EQ(fetch(ts.port, "POST", "/v1/chat/completions", kChat).status, 200);
+  a.send(padded_chat(len).substr(kChat.size()));
+  EXPECT_EQ(a.read_reply(5000).status, 200);
+  // Released once A's request is done: the same size is accepted again.
+  EXPECT_EQ(fetch(ts.port, "POST", "/v1/chat/completions", padded_chat(len)).status, 200);
+
+  // A chunked body has no declared length: it is charged as it grows.
+  RawConn c(ts.port);
+  c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+  const std::string piece(256 * 1024, ' ');
+  HttpReply r;
+  for (int i = 0; i < 8; ++i) {
+    char len_line[32];
+    std::snprintf(len_line, sizeof len_line, "%zx\r\n", piece.size());
+    try {
+      c.send(len_line + piece + "\r\n");
+    } catch (const std::exception&) {
+      break;  // refused and closed
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r = c.read_reply(5000);
+  EXPECT_EQ(r.status, 503);
+}
+
+TEST(ServerHttpLimits, ConnectionCap) {
+  TestServer ts(hello_engine(), [](server::ServerOptions& o) { o.http.max_connections = 3; });
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(std::make_unique<RawConn>(ts.port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    RawConn over(ts.port);
+    auto r = over.read_reply(5000);
+    EXPECT_EQ(r.status, 503);
+    EXPECT_EQ(error_of(r)["code"], "server_busy");
+    EXPECT_TRUE(r.closed);
+  }
+  // The held connections work; once one closes, a new one is accepted.
+  idle[0]->send(http_request("GET", "/health"));
+  EXPECT_EQ(idle[0]->read_reply(5000).status, 200);
+  idle[1].reset();
+  int status = 0;
+  for (int i = 0; i < 100 && status != 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    status = fetch(ts.port, "GET", "/health").status;
+  }
+  EXPECT_EQ(status, 200);
+}
+
+TEST(ServerHttpLimits, HeaderSizeLimitIs431) {
+  TestServer ts(hello_engine(), [](server::ServerOptions& o) { o.http.max_header_bytes = 16 * 1024; });
+  EXPECT_EQ(fetch(ts.port, "GET", "/health", "", "X-Pad: " + std::string(12000, 'a') + "\r\n").status, 200);
+  RawConn c(ts.port);
+  c.send("GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(20000, 'a') + "\r\n\r\n");
+  auto r = c.read_reply(5000);
+  EXPECT_EQ(r.status, 431);
+  EXPECT_EQ(error_of(r)["code"], "headers_too_large");
+}
+
+TEST(ServerHttpProtocol, TransferCodingsOtherThanChunkedAre501) {
+  TestServer ts(hello_engine());
+  for (const char* te : {"gzip, chunked", "deflate,chunked", "x-custom ,  Chunked"}) {
+    RawConn c(ts.port);
+    c.send(std::string("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: ") +
+           te + "\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+    auto r = c.read_reply(5000);
+    EXPECT_EQ(r.status, 501) << te;
+    EXPECT_EQ(error_of(r)["code"], "unsupported_transfer_encoding") << te;
+  }
+  // Chunked not last, or beside Content-Length: the body length is ambiguous (smuggling) -> 400.
+  for (const char* fields : {"Transfer-Encoding: chunked, gzip\r\n", "Transfer-Encoding: gzip\r\n",
+                             "Transfer-Encoding: chunked, chunked\r\n", "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"}) {
+    RawConn c(ts.port);
+    c.send(std::string("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n") + fields +
+           "\r\n5\r\nhello\r\n0\r\n\r\n");
+    EXPECT_EQ(c.read_reply(5000).status, 400) << fields;
+  }
+  // Plain chunked is served.
+  RawConn c(ts.port);
+  char len_line[32];
+  std::snprintf(len_line, sizeof len_line, "%zx\r\n", kChat.size());
+  c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+         std::string(len_line) + kChat + "\r\n0\r\n\r\n");
+  EXPECT_EQ(c.read_reply(5000).status, 200);
+}
+
+TEST(ServerHttpProtocol, AbsoluteFormTargetsAreRoutedByPath) {
+  TestServer ts(hello_engine());
+  auto r = fetch(ts.port, "POST", "http://localhost:8000/v1/chat/completions", kChat);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["object"], "chat.completion");
+  EXPECT_EQ(fetch(ts.port, "GET", "http://example.com/health?probe=1").status, 200);
+  EXPECT_EQ(fetch(ts.port, "GET", "HTTP://EXAMPLE.COM/v1/models").status, 200);
+  EXPECT_EQ(fetch(ts.port, "GET", "http://example.com").status, 404);  // path "/"
+}
+
+// Reads one response head from `c` (status line + fields, up to the blank line), raw.
+std::string read_head(RawConn& c, std::string& rest, int timeout_ms = 5000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string buf = rest;
+  size_t end;
+  while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
+    pollfd p{c.fd(), POLLIN, 0};
+    const int left = int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    if (left <= 0 || ::poll(&p, 1, left) <= 0) throw std::runtime_error("no response head (got: " + buf + ")");
+    char tmp[4096];
+    const ssize_t n = ::recv(c.fd(), tmp, sizeof tmp, 0);
+    if (n <= 0) throw std::runtime_error("closed (got: " + buf + ")");
+    buf.append(tmp, size_t(n));
+  }
+  rest = buf.substr(end + 4);
+  return buf.substr(0, end + 4);
+}
+
+TEST(ServerHttpProtocol, HeadIsGetWithoutTheBody) {
+  TestServer ts(hello_engine());
+  const auto get = fetch(ts.port, "GET", "/health");
+  ASSERT_EQ(get.status, 200);
+  for (const char* path : {"/health", "/v1/models", "/metrics"}) {
+    // HEAD then GET pipelined: the GET reply must follow the HEAD reply's header directly.
+    RawConn c(ts.port);
+    c.send(std::string("HEAD ") + path + " HTTP/1.1\r\nHost: x\r\n\r\n" + http_request("GET", "/health"));
+    std::string rest;
+    const std::string head = read_head(c, rest);
+    EXPECT_EQ(head.rfind("HTTP/1.1 200 ", 0), 0u) << head;
+    EXPECT_NE(head.find("Content-Length: "), std::string::npos) << head;
+    if (std::string(path) == "/health") {
+      EXPECT_NE(head.find("Content-Length: " + std::to_string(get.body.size()) + "\r\n"), std::string::npos) << head;
+    }
+    const std::string next = read_head(c, rest);
+    EXPECT_EQ(next.rfind("HTTP/1.1 200 ", 0), 0u) << "HEAD reply carried a body: " << next;
+  }
+  // A POST-only route: 405 naming the allowed method, still without a body.
+  RawConn c(ts.port);
+  c.send("HEAD /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n" + http_request("GET", "/health"));
+  std::string rest;
+  const std::string head = read_head(c, rest);
+  EXPECT_EQ(head.rfind("HTTP/1.1 405 ", 0), 0u) << head;
+  EXPECT_NE(head.find("Allow: POST\r\n"), std::string::npos) << head;
+  EXPECT_EQ(read_head(c, rest).rfind("HTTP/1.1 200 ", 0), 0u);
+}
+
+TEST(ServerHttpProtocol, Http10StreamIsCloseDelimited) {
+  TestServer ts(hello_engine());
+  const std::string body = R"({"prompt":"x","max_tokens":4,"stream":true})";
+  RawConn c(ts.port);
+  c.send("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body);
+  auto r = c.read_reply(10000);  // neither Content-Length nor chunked: reads to EOF
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers.count("content-length"), 0u);
+  EXPECT_EQ(r.headers["transfer-encoding"], "");
+  EXPECT_EQ(r.headers["connection"], "close");
+  EXPECT_EQ(r.body.rfind("data: ", 0), 0u) << "chunk framing in a 1.0 body: " << r.body;
+  auto ev = sse_data(r.body);
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back(), "[DONE]");
+  EXPECT_TRUE(c.eof());
+  // Non-streaming 1.0 replies keep their Content-Length.
+  RawConn d(ts.port);
+  d.send("POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(kChat.size()) +
+         "\r\n\r\n" + kChat);
+  auto n = d.read_reply(5000);
+  EXPECT_EQ(n.status, 200);
+  EXPECT_EQ(n.headers["content-length"], std::to_string(n.body.size()));
+}
+
+// The bare HTTP layer: a handler that streams until the client is gone.
+struct StreamingHttp {
+  std::atomic<bool> gone_fired{false};
+  std::atomic<int> exchanges{0};
+  std::vector<std::thread> writers;
+  std::unique_ptr<server::HttpServer> http;
+  std::function<void(std::shared_ptr<server::HttpExchange>)> body;
+
+  explicit StreamingHttp(double write_timeout_s, std::function<void(std::shared_ptr<server::HttpExchange>)> b) : body(std::move(b)) {
+    server::HttpOptions o;
+    o.port = 0;
+    o.write_timeout_s = write_timeout_s;
+    http = std::make_unique<server::HttpServer>(o, [this](server::HttpRequest&&, std::shared_ptr<server::HttpExchange> ex) {
+      ++exchanges;
+      ex->on_client_gone([this] { gone_fired = true; });
+      ex->start_stream("text/plain");
+      writers.emplace_back([this, ex] { body(ex); });
+    });
+    http->start();
+  }
+  ~StreamingHttp() {
+    http->stop();
+    for (auto& t : writers) t.join();
+  }
+};
+
+TEST(ServerHttpLimits, WriteTimeoutClosesAClientThatDoesNotRead) {
+  StreamingHttp s(0.5, [](std::shared_ptr<server::HttpExchange> ex) {
+    const std::string block(64 * 1024, 'x');
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    // Back-pressure as a producer would apply it: stop queueing while 1 MiB waits for the socket.
+    while (!ex->client_gone() && std::chrono::steady_clock::now() < give_up) {
+      if (ex->pending_bytes() > (1u << 20)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      ex->write(block);
+    }
+  });
+  // The client shrinks its receive window and never reads.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int small = 4096;
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(s.http->port());
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const std::string req = "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!s.gone_fired && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(s.gone_fired) << "on_client_gone did not fire for a client that never reads";
+  EXPECT_GE(waited, 0.4);  // not before the timeout
+  for (int i = 0; i < 200 && s.http->open_connections() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(s.http->open_connections(), 0) << "the connection stayed open";
+  // The server closed its side: draining the socket ends in EOF or a reset.
+  char buf[65536];
+  ssize_t n;
+  const auto t1 = std::chrono::steady_clock::now();
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0 && std::chrono::steady_clock::now() - t1 < std::chrono::seconds(10)) {
+  }
+  EXPECT_LE(n, 0);
+  ::close(fd);
+}
+
+TEST(ServerHttpLimits, PendingBytesGrowWhileTheClientDoesNotRead) {
+  std::atomic<size_t> max_pending{0};
+  std::atomic<bool> stop{false};
+  StreamingHttp s(0, [&](std::shared_ptr<server::HttpExchange> ex) {
+    const std::string block(64 * 1024, 'x');
+    while (!ex->client_gone() && !stop) {
+      const size_t p = ex->pending_bytes();
+      if (p > max_pending) max_pending = p;
+      if (p > (4u << 20)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      ex->write(block);
+    }
+  });
+  RawConn c(s.http->port());
+  int small = 4096;
+  ::setsockopt(c.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  c.send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (int i = 0; i < 500 && max_pending < (4u << 20); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_GT(max_pending.load(), size_t(4) << 20) << "queued bytes not reported";
+  // With the write timeout off, a stalled client is not dropped.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(s.gone_fired);
+  stop = true;
+  c.close();
+}
+
+TEST(ServerHttpLimits, WriteTimeoutDoesNotCutSlowButReadStreams) {
+  // Gaps between writes longer than the write timeout are fine: only undrained output counts.
+  StreamingHttp s(0.3, [](std::shared_ptr<server::HttpExchange> ex) {
+    ex->write("one ");
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    ex->write("two");
+    ex->end_stream();
+  });
+  RawConn c(s.http->port());
+  c.send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto r = c.read_reply(10000);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "one two");
+  EXPECT_FALSE(s.gone_fired);
+  // The connection is still usable.
+  c.send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(c.read_reply(10000).body, "one two");
+}
+
+TEST(ServerHttpLimits, LoopbackAddresses) {
+  EXPECT_TRUE(server::is_loopback_address("127.0.0.1"));
+  EXPECT_TRUE(server::is_loopback_address("127.1.2.3"));
+  EXPECT_TRUE(server::is_loopback_address("::1"));
+  EXPECT_FALSE(server::is_loopback_address("0.0.0.0"));
+  EXPECT_FALSE(server::is_loopback_address("::"));
+  EXPECT_FALSE(server::is_loopback_address("192.168.1.5"));
+  EXPECT_FALSE(server::is_loopback_address("localhost"));  // not an address: --host refuses it anyway
+}
+
+}  // namespace
+}  // namespace di::test
+
+namespace di::test {
+namespace {
+
+// Through the server: a stream whose client stops reading is cancelled in the engine after --write-timeout.
+TEST(ServerHttpLimits, WriteTimeoutCancelsTheGeneration) {
+  FakeEngineOptions fo = hello_engine();
+  fo.script = script_tokens("a b c d e f g", false);
+  fo.step_ms = 1;
+  TestServer ts(fo, [](server::ServerOptions& o) { o.http.write_timeout_s = 0.5; });
+  RawConn c(ts.port);
+  int small = 4096;
+  ::setsockopt(c.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  // Eight choices with 20 top logprobs each: several kB per engine step, far more than the socket buffers hold.
+  c.send(http_request("POST", "/v1/completions",
+                      R"({"prompt":"x","max_tokens":3000,"n":8,"logprobs":20,"ignore_eos":true,"stream":true})"));
+  for (int i = 0; i < 1000 && ts.engine->cancel_calls().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(ts.engine->cancel_calls().size(), 1u) << "the engine kept generating for a client that does not read";
+  for (int i = 0; i < 200 && ts.engine->stats().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(ts.engine->stats().running, 0);
+  EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
+}
+
+}  // namespace
+}  // namespace di::test

@@ -93,9 +93,8 @@ TEST(ServerRoutes, HeadAnswersWithoutABody) {
   for (const char* path : {"/health", "/version", "/v1/models"}) {
     RawConn c(ts.port);
     c.send(http_request("HEAD", path));
-    auto r = c.read_reply();
+    auto r = c.read_reply(20000, nullptr, true);
     EXPECT_EQ(r.status, 200) << path;
-    EXPECT_TRUE(r.body.empty()) << path << ": " << r.body;
     // The connection stays usable: nothing stray follows the head.
     c.send(http_request("GET", "/health"));
     EXPECT_EQ(c.read_reply().status, 200) << path;

@@ -29,7 +29,18 @@ struct ServeArgs {
   engine::EngineOptions engine;
   double cache_mib = 1024;
   double state_mib = 0;
+  double inflight_body_mib = 256;
 };
+
+// Anyone who can reach a non-loopback address can use the server; without a key that is everyone.
+void warn_if_exposed(const server::ServerOptions& o) {
+  if (!o.api_key.empty() || server::is_loopback_address(o.http.host)) return;
+  spdlog::warn("**************************************************************************");
+  spdlog::warn("SECURITY WARNING: listening on {} (not loopback) WITHOUT an API key.", o.http.host);
+  spdlog::warn("Anyone who can reach this address can run generations on this server.");
+  spdlog::warn("Set --api-key KEY (or $DEEPINFER_API_KEY), or bind --host 127.0.0.1.");
+  spdlog::warn("**************************************************************************");
+}
 
 void raise_fd_limit() {
   // Each connection is a descriptor; the default soft limit (often 1024) is too low for many streams.
@@ -115,6 +126,8 @@ void run(ServeArgs& a) {
   a.server.chat_format = chat::parse_chat_format(a.chat_format);
   if (a.server.api_key.empty())
     if (const char* k = std::getenv("DEEPINFER_API_KEY")) a.server.api_key = k;
+  a.server.http.max_inflight_body_bytes = size_t(a.inflight_body_mib * 1024 * 1024);
+  warn_if_exposed(a.server);
   raise_fd_limit();
 
   // Signals go to the waiting main thread only: block them before any thread starts.
@@ -161,6 +174,20 @@ void add_serve(CLI::App& app) {
   c->add_option("--port", a->server.http.port, "Port (0 = any free port)")->capture_default_str();
   c->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or $DEEPINFER_API_KEY)");
   c->add_option("--max-body-bytes", a->server.http.max_body_bytes, "Largest request body (413 beyond)")->capture_default_str();
+  c->add_option("--max-header-bytes", a->server.http.max_header_bytes, "Largest request line + header fields (431 beyond)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1024), size_t(1) << 24));
+  c->add_option("--max-inflight-body-mib", a->inflight_body_mib,
+                "Request bodies being received or parsed, all connections together, in MiB (503 beyond)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  c->add_option("--max-connections", a->server.http.max_connections, "Open connections (503 and close beyond)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--write-timeout", a->server.http.write_timeout_s,
+                "Seconds a reply may wait for the client to read it before the connection is closed (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--io-threads", a->server.http.io_threads, "HTTP io threads")->capture_default_str();
   c->add_option("--idle-timeout", a->server.http.idle_timeout_s, "Seconds a keep-alive connection may wait for its next request")
       ->capture_default_str();

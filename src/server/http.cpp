@@ -1,6 +1,9 @@
 #include "server/http.h"
 
 #include <sys/socket.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -36,6 +39,7 @@ const char* http_status_text(int status) {
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     default: return "Unknown";
   }
@@ -58,7 +62,81 @@ std::string error_json(const std::string& message, const char* code) {
          code + "\"}}";
 }
 
+// The path of a request target: the query string dropped, and for the absolute form
+// ("http://host/path", RFC 9112 section 3.2.2) the scheme and authority dropped too.
+std::string_view target_path(std::string_view target) {
+  if (!target.empty() && target.front() != '/') {
+    const size_t scheme_end = target.find("://");
+    if (scheme_end != std::string_view::npos && scheme_end > 0) {
+      const size_t slash = target.find_first_of("/?", scheme_end + 3);
+      if (slash == std::string_view::npos || target[slash] == '?') return "/";
+      target.remove_prefix(slash);
+    }
+  }
+  return target.substr(0, target.find('?'));
+}
+
+// Lists the transfer codings of a Transfer-Encoding value ("gzip, chunked" -> {gzip, chunked}).
+std::vector<std::string> transfer_codings(std::string_view v) {
+  std::vector<std::string> out;
+  for (auto part : http::token_list{v}) out.emplace_back(part);
+  return out;
+}
+
+// Request bodies being received or held by handlers, over all connections. Freed body memory goes
+// back to the allocator, which keeps it unless asked: after a burst the process is trimmed.
+struct BodyBudget {
+  size_t cap = 0;
+  std::atomic<size_t> inflight{0};
+  std::atomic<size_t> freed_since_trim{0};
+  static constexpr size_t kTrimAfter = size_t(32) << 20;
+
+  bool try_add(size_t n) {
+    size_t cur = inflight.load();
+    do {
+      if (n > cap || cur > cap - n) return false;
+    } while (!inflight.compare_exchange_weak(cur, cur + n));
+    return true;
+  }
+  void release(size_t n) {
+    if (n == 0) return;
+    const size_t before = inflight.fetch_sub(n);
+    const size_t freed = freed_since_trim.fetch_add(n) + n;
+    // Trim when nothing is in flight any more (the end of a burst), once enough was freed to matter.
+    if (before == n && freed >= kTrimAfter && freed_since_trim.exchange(0) >= kTrimAfter) {
+#if defined(__GLIBC__)
+      malloc_trim(0);
+#endif
+    }
+  }
+};
+
+// One request's share of the budget: grows while its body is read, released on destruction.
+class BodyCharge {
+ public:
+  explicit BodyCharge(std::shared_ptr<BodyBudget> b) : budget_(std::move(b)) {}
+  ~BodyCharge() { budget_->release(bytes_); }
+  BodyCharge(const BodyCharge&) = delete;
+  BodyCharge& operator=(const BodyCharge&) = delete;
+  bool grow_to(size_t n) {
+    if (n <= bytes_) return true;
+    if (!budget_->try_add(n - bytes_)) return false;
+    bytes_ = n;
+    return true;
+  }
+
+ private:
+  std::shared_ptr<BodyBudget> budget_;
+  size_t bytes_ = 0;
+};
+
 }  // namespace
+
+bool is_loopback_address(const std::string& host) {
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(host, ec);
+  return !ec && addr.is_loopback();
+}
 
 class Session;
 
@@ -70,19 +148,28 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
   std::shared_ptr<std::atomic<int>> connections = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<BodyBudget> body_budget = std::make_shared<BodyBudget>();
+  std::atomic<int64_t> last_refusal_log_ns{0};
+  std::atomic<int64_t> refused_connections{0};
   std::mutex sessions_mu;
   std::list<std::weak_ptr<Session>> sessions;
   bool stopped = false;
   std::shared_ptr<std::atomic<bool>> draining = std::make_shared<std::atomic<bool>>(false);
 
   void do_accept();
+  void refuse(tcp::socket& socket);
 };
 
 // One connection. Everything runs on its strand; HttpExchange objects post into it.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl& srv)
-      : stream_(std::move(socket)), opt_(srv.opt), handler_(srv.handler), connections_(srv.connections), draining_(srv.draining) {
+      : stream_(std::move(socket)),
+        opt_(srv.opt),
+        handler_(srv.handler),
+        connections_(srv.connections),
+        draining_(srv.draining),
+        budget_(srv.body_budget) {
     ++*connections_;
   }
   ~Session() { --*connections_; }
@@ -126,7 +213,7 @@ class Session : public std::enable_shared_from_this<Session> {
     for (const auto& [k, v] : headers) head += k + ": " + v + "\r\n";
     head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     out_pending_ += head;
-    out_pending_ += body;
+    if (!head_) out_pending_ += body;  // a HEAD reply has the GET reply's headers, no body
     end_requested_ = true;
     flush();
   }
@@ -139,28 +226,36 @@ class Session : public std::enable_shared_from_this<Session> {
     // to back-pressure (HttpExchange::pending_bytes) after kilobytes, not after the autotuned megabytes.
     beast::error_code ec;
     stream_.socket().set_option(net::socket_base::send_buffer_size(128 << 10), ec);
-    out_pending_ += "HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
-                    "\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n";
+    out_pending_ += "HTTP/1.1 200 OK\r\nContent-Type: " + content_type + "\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
     for (const auto& [k, v] : headers) out_pending_ += k + ": " + v + "\r\n";
+    if (http10_) {
+      // HTTP/1.0 has no chunked coding: the body ends when the connection closes.
+      close_delimited_ = true;
+      keep_alive_ = false;
+    } else {
+      out_pending_ += "Transfer-Encoding: chunked\r\n";
+    }
     out_pending_ += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     last_write_ns_ = now_ns();
     flush();
   }
 
   void write(uint64_t seq, std::string_view data) {
-    if (!current(seq) || !streaming_ || end_requested_ || data.empty()) return;
-    char len[24];
-    const int n = std::snprintf(len, sizeof len, "%zx\r\n", data.size());
-    out_pending_.append(len, size_t(n));
+    if (!current(seq) || !streaming_ || end_requested_ || data.empty() || head_) return;
+    if (!close_delimited_) {
+      char len[24];
+      const int n = std::snprintf(len, sizeof len, "%zx\r\n", data.size());
+      out_pending_.append(len, size_t(n));
+    }
     out_pending_.append(data);
-    out_pending_ += "\r\n";
+    if (!close_delimited_) out_pending_ += "\r\n";
     last_write_ns_ = now_ns();
     flush();
   }
 
   void end_stream(uint64_t seq) {
     if (!current(seq) || !streaming_ || end_requested_) return;
-    out_pending_ += "0\r\n\r\n";
+    if (!close_delimited_ && !head_) out_pending_ += "0\r\n\r\n";
     end_requested_ = true;
     flush();
   }
@@ -182,8 +277,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   bool gone() const { return gone_; }
-  size_t pending_bytes() const { return out_pending_.size() + (write_in_flight_ ? out_writing_.size() : 0); }
   double idle_seconds() const { return double(now_ns() - last_write_ns_.load()) * 1e-9; }
+  size_t pending_bytes() const { return posted_bytes_.load() + buffered_bytes_.load(); }
+  // Bytes handed to write() from another thread, on their way to the strand.
+  std::atomic<size_t> posted_bytes_{0};
 
  private:
   void arm_timer(uint64_t seq, std::shared_ptr<net::steady_timer> timer, std::chrono::nanoseconds period,
@@ -196,21 +293,72 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // ---- reading a request -------------------------------------------------------------------
+
   void do_read() {
     if (closed_) return;
+    if (buf_.size() == 0) buf_.shrink_to_fit();  // an idle connection holds no buffer
+    head_ = http10_ = close_delimited_ = linger_ = false;
     parser_.emplace();
     parser_->body_limit(opt_.max_body_bytes);
-    parser_->header_limit(64 * 1024);
+    parser_->header_limit(std::uint32_t(std::min<size_t>(opt_.max_header_bytes, UINT32_MAX)));
     stream_.expires_after(std::chrono::milliseconds(int64_t(opt_.idle_timeout_s * 1000)));
     http::async_read_header(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_header, shared_from_this()));
   }
 
+  // Everything that can refuse the request is decided here, before any of its body is read.
   void on_header(beast::error_code ec, size_t) {
     if (ec) return on_read_error(ec);
     const auto& req = parser_->get();
     keep_alive_ = req.keep_alive();
+    http10_ = req.version() < 11;
+    head_ = req.method() == http::verb::head;
+
+    const auto te = req.find(http::field::transfer_encoding);
+    if (te != req.end()) {
+      const auto codings = transfer_codings(te->value());
+      // Without chunked as the last coding (once) the body length is undetermined (RFC 9112 section 6.3): 400.
+      bool framed = !codings.empty() && beast::iequals(codings.back(), "chunked");
+      for (size_t i = 0; i + 1 < codings.size(); ++i) framed = framed && !beast::iequals(codings[i], "chunked");
+      if (!framed)
+        return send_error_and_close(400, error_json("malformed Transfer-Encoding '" + std::string(te->value()) +
+                                                         "' (chunked must be the last coding)",
+                                                     "bad_request"));
+      // Codings under the chunked framing (gzip, deflate, ...) are not decoded: refuse, not ignore.
+      if (codings.size() != 1)
+        return send_error_and_close(501, error_json("unsupported Transfer-Encoding '" + std::string(te->value()) +
+                                                        "' (only chunked is accepted)",
+                                                    "unsupported_transfer_encoding"));
+    }
+
+    HttpHeaderView view;
+    view.method = head_ ? std::string_view("GET") : std::string_view(req.method_string());
+    view.target = target_path(req.target());
+    view.authorization = req[http::field::authorization];
+    view.origin = req[http::field::origin];
+    if (auto cl = parser_->content_length()) view.content_length = *cl;
+    view.chunked = parser_->chunked();
+    if (opt_.header_check) {
+      std::optional<HttpRejection> rejection;
+      try {
+        rejection = opt_.header_check(view);
+      } catch (const std::exception& e) {
+        spdlog::error("http: header check threw: {}", e.what());
+        rejection = HttpRejection{500, error_json("internal error", "internal_error"), "application/json", {}};
+      }
+      if (rejection) return send_error_and_close(rejection->status, std::move(rejection->body), rejection->content_type, rejection->headers);
+    }
+
+    if (view.has_body()) {
+      // Without room the parser reads a body a few hundred bytes per call.
+      buf_.reserve(std::min<size_t>(kBodyReadBytes, view.content_length ? size_t(*view.content_length) : kBodyReadBytes));
+      charge_ = std::make_shared<BodyCharge>(budget_);
+      // A declared length is reserved whole (the body string reserves it); chunked bodies are charged as they grow.
+      if (view.content_length && !charge_->grow_to(size_t(*view.content_length))) return refuse_busy();
+    }
+
     auto expect = req.find(http::field::expect);
-    if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) {
+    if (expect != req.end() && beast::iequals(expect->value(), "100-continue") && view.has_body()) {
       static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
       net::async_write(stream_, net::buffer(kContinue), [self = shared_from_this()](beast::error_code ec, size_t) {
         if (ec) return self->close();
@@ -222,29 +370,59 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_body() {
-    http::async_read(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_read, shared_from_this()));
+    if (parser_->is_done()) return on_read({}, 0);
+    http::async_read_some(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_body_part, shared_from_this()));
+  }
+
+  void on_body_part(beast::error_code ec, size_t) {
+    if (ec) return on_read_error(ec);
+    if (charge_ && !charge_->grow_to(parser_->get().body().capacity())) return refuse_busy();
+    read_body();
+  }
+
+  void refuse_busy() {
+    send_error_and_close(503,
+                         error_json("server busy: too many request bytes in flight (--max-inflight-body-mib); retry shortly",
+                                    "server_busy"),
+                         "application/json", {{"Retry-After", "1"}});
   }
 
   void on_read_error(beast::error_code ec) {
     if (ec == http::error::body_limit) {
       // The rest of the body stays unread: answer, then close.
-      return send_transport_error(413, "request body exceeds " + std::to_string(opt_.max_body_bytes) + " bytes (--max-body-bytes)",
-                                  "request_too_large");
+      return send_error_and_close(413, error_json("request body exceeds " + std::to_string(opt_.max_body_bytes) +
+                                                       " bytes (--max-body-bytes)",
+                                                   "request_too_large"));
     }
-    if (ec == http::error::header_limit) return send_transport_error(431, "request headers too large", "headers_too_large");
+    if (ec == http::error::header_limit)
+      return send_error_and_close(431, error_json("request headers exceed " + std::to_string(opt_.max_header_bytes) +
+                                                       " bytes (--max-header-bytes)",
+                                                   "headers_too_large"));
     if (ec.category() == http::make_error_code(http::error::end_of_stream).category() && ec != http::error::end_of_stream &&
         ec != http::error::partial_message) {
-      return send_transport_error(400, "malformed HTTP request: " + ec.message(), "bad_request");
+      return send_error_and_close(400, error_json("malformed HTTP request: " + ec.message(), "bad_request"));
     }
+    release_body();
     close();
   }
 
-  void send_transport_error(int status, const std::string& message, const char* code) {
+  // Frees a partly read body and its share of the in-flight budget (the memory first).
+  void release_body() {
+    parser_.reset();
+    charge_.reset();
+  }
+
+  // Answers without reading the rest of the request, then closes (after draining what the client still sends).
+  void send_error_and_close(int status, std::string body, const std::string& content_type = "application/json",
+                            const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    release_body();
+    stream_.expires_never();
     ++seq_;
     completed_ = false;
     responded_ = streaming_ = end_requested_ = false;
     keep_alive_ = false;
-    respond(seq_, status, error_json(message, code), "application/json", {});
+    linger_ = true;
+    respond(seq_, status, std::move(body), content_type, headers);
   }
 
   void on_read(beast::error_code ec, size_t) {
@@ -252,10 +430,11 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_never();
     auto& msg = parser_->get();
     HttpRequest req;
-    req.method = std::string(msg.method_string());
-    const std::string_view target = msg.target();
-    req.target = std::string(target.substr(0, target.find('?')));
+    req.method = head_ ? "GET" : std::string(msg.method_string());
+    req.head = head_;
+    req.target = std::string(target_path(msg.target()));
     req.body = std::move(msg.body());
+    req.body_lease = std::move(charge_);
     req.authorization = std::string(msg[http::field::authorization]);
     req.content_type = std::string(msg[http::field::content_type]);
     req.origin = std::string(msg[http::field::origin]);
@@ -276,8 +455,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!completed_ && !end_requested_) watch_disconnect(seq_);
   }
 
+ public:
   std::shared_ptr<HttpExchange> make_exchange();
 
+ private:
   // While a reply is pending, a readable socket means EOF (client gone) or a pipelined request.
   void watch_disconnect(uint64_t seq) {
     watching_ = true;
@@ -295,19 +476,26 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // ---- writing -----------------------------------------------------------------------------
+
+  void sync_buffered() { buffered_bytes_ = out_pending_.size() + out_writing_.size(); }
+
   void mark_gone() {
     if (gone_) return;
     gone_ = true;
     keep_alive_ = false;
     out_pending_.clear();
+    sync_buffered();
     if (auto cb = std::move(gone_cb_)) cb();
     if (end_requested_ && !write_in_flight_) complete();
   }
 
   void flush() {
+    sync_buffered();
     if (write_in_flight_ || closed_) return;
     if (gone_) {
       out_pending_.clear();
+      sync_buffered();
       if (end_requested_) complete();
       return;
     }
@@ -318,12 +506,21 @@ class Session : public std::enable_shared_from_this<Session> {
     out_writing_.clear();
     out_writing_.swap(out_pending_);
     write_in_flight_ = true;
+    // A client that stops reading stalls the write: past the timeout it counts as gone.
+    if (opt_.write_timeout_s > 0)
+      stream_.expires_after(std::chrono::milliseconds(int64_t(opt_.write_timeout_s * 1000)));
+    else
+      stream_.expires_never();
     net::async_write(stream_, net::buffer(out_writing_), [self = shared_from_this()](beast::error_code ec, size_t) {
       self->write_in_flight_ = false;
+      self->out_writing_.clear();
       if (ec) {
+        if (ec == beast::error::timeout)
+          spdlog::info("http: client did not read its reply for {} s (--write-timeout): closing", self->opt_.write_timeout_s);
         self->mark_gone();
         return self->close();
       }
+      self->stream_.expires_never();
       self->flush();
     });
   }
@@ -341,9 +538,31 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (keep_alive_ && !gone_) {
       do_read();
+    } else if (linger_ && !gone_) {
+      linger_close();
     } else {
       close();
     }
+  }
+
+  // After an early error reply the client may still be sending its body: closing with unread data
+  // would reset the connection and could destroy the reply before the client reads it. Stop sending,
+  // discard what arrives for a short while, then close.
+  void linger_close() {
+    if (closed_) return;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close();
+    discard_ = std::make_unique<char[]>(kDiscardBytes);
+    stream_.expires_after(std::chrono::milliseconds(kLingerMs));
+    drain();
+  }
+
+  void drain() {
+    stream_.async_read_some(net::buffer(discard_.get(), kDiscardBytes), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec || self->closed_) return self->close();
+      self->drain();
+    });
   }
 
   void close() {
@@ -352,6 +571,8 @@ class Session : public std::enable_shared_from_this<Session> {
     completed_ = true;
     for (auto& t : timers_) t->cancel();
     timers_.clear();
+    release_body();
+    discard_.reset();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().close(ec);
@@ -361,18 +582,28 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  static constexpr size_t kDiscardBytes = 16 * 1024;
+  static constexpr size_t kBodyReadBytes = 64 * 1024;
+  static constexpr int kLingerMs = 2000;
+
   beast::tcp_stream stream_;
   beast::flat_buffer buf_;
+  std::shared_ptr<BodyCharge> charge_;  // before parser_: the body is freed before its charge is released
   std::optional<http::request_parser<http::string_body>> parser_;
   HttpOptions opt_;
   HttpHandler handler_;
   std::shared_ptr<std::atomic<int>> connections_;
   std::shared_ptr<std::atomic<bool>> draining_;
+  std::shared_ptr<BodyBudget> budget_;
 
   uint64_t seq_ = 0;
   bool keep_alive_ = true, completed_ = true, responded_ = false, streaming_ = false, end_requested_ = false;
-  bool write_in_flight_ = false, gone_ = false, closed_ = false, watching_ = false;
+  bool write_in_flight_ = false, closed_ = false, watching_ = false;
+  std::atomic<bool> gone_{false};  // read by client_gone() from any thread
+  bool head_ = false, http10_ = false, close_delimited_ = false, linger_ = false;
   std::string out_pending_, out_writing_;
+  std::atomic<size_t> buffered_bytes_{0};
+  std::unique_ptr<char[]> discard_;
   std::function<void()> gone_cb_;
   std::vector<std::shared_ptr<net::steady_timer>> timers_;
   std::atomic<int64_t> last_write_ns_{0};
@@ -396,7 +627,11 @@ class Exchange : public HttpExchange {
   }
   void write(std::string_view data) override {
     if (s_->on_strand()) return s_->write(seq_, data);
-    net::post(s_->executor(), [s = s_, seq = seq_, d = std::string(data)] { s->write(seq, d); });
+    s_->posted_bytes_ += data.size();
+    net::post(s_->executor(), [s = s_, seq = seq_, d = std::string(data)] {
+      s->write(seq, d);
+      s->posted_bytes_ -= d.size();
+    });
   }
   void end_stream() override {
     net::dispatch(s_->executor(), [s = s_, seq = seq_] { s->end_stream(seq); });
@@ -406,11 +641,11 @@ class Exchange : public HttpExchange {
   }
   void post(std::function<void()> fn) override { net::post(s_->executor(), std::move(fn)); }
   bool client_gone() const override { return s_->gone(); }
-  size_t pending_bytes() const override { return s_->pending_bytes(); }
   double idle_seconds() const override { return s_->idle_seconds(); }
   void every(double seconds, std::function<void()> fn) override {
     net::dispatch(s_->executor(), [s = s_, seq = seq_, seconds, fn = std::move(fn)]() mutable { s->add_timer(seq, seconds, std::move(fn)); });
   }
+  size_t pending_bytes() const override { return s_->pending_bytes(); }
 
  private:
   std::shared_ptr<Session> s_;
@@ -432,6 +667,8 @@ void HttpServer::Impl::do_accept() {
         t->async_wait([this, t](beast::error_code) { do_accept(); });
         return;
       }
+    } else if (connections->load() >= opt.max_connections) {
+      refuse(socket);
     } else {
       auto s = std::make_shared<Session>(std::move(socket), *this);
       {
@@ -445,9 +682,29 @@ void HttpServer::Impl::do_accept() {
   });
 }
 
+// Over the connection cap: a canned 503 if the socket takes it at once, then close. No session,
+// no buffer, no wait.
+void HttpServer::Impl::refuse(tcp::socket& socket) {
+  static const std::string k503 = [] {
+    const std::string body = error_json("server busy: too many open connections (--max-connections); retry shortly", "server_busy");
+    return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body;
+  }();
+  (void)::send(socket.native_handle(), k503.data(), k503.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  beast::error_code ec;
+  socket.shutdown(tcp::socket::shutdown_send, ec);
+  socket.close(ec);
+  const int64_t n = ++refused_connections;
+  const int64_t now = now_ns();
+  int64_t last = last_refusal_log_ns.load();
+  if (now - last > int64_t(5e9) && last_refusal_log_ns.compare_exchange_strong(last, now))
+    spdlog::warn("http: {} open connections (--max-connections): refusing new ones ({} refused so far)", opt.max_connections, n);
+}
+
 HttpServer::HttpServer(HttpOptions options, HttpHandler handler) : impl_(std::make_unique<Impl>()) {
   impl_->opt = std::move(options);
   impl_->handler = std::move(handler);
+  impl_->body_budget->cap = impl_->opt.max_inflight_body_bytes;
 }
 
 HttpServer::~HttpServer() { stop(); }

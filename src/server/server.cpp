@@ -23,7 +23,9 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 }
 
 Server::Server(ServerOptions options, ModelLoader loader) : opt_(std::move(options)), loader_(std::move(loader)) {
-  http_ = std::make_unique<HttpServer>(opt_.http, [this](HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
+  HttpOptions http = opt_.http;
+  http.header_check = [this](const HttpHeaderView& h) { return check_headers(h); };
+  http_ = std::make_unique<HttpServer>(http, [this](HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     handle(std::move(req), std::move(ex));
   });
 }
@@ -140,15 +142,15 @@ void Server::offload(HttpExchange& ex, const std::string& endpoint, std::functio
 
 namespace {
 
-// Adds headers to whichever response goes out (CORS) and drops the body of a HEAD response.
+// Adds headers (CORS) to whichever response goes out. (HEAD is the HTTP layer's: it arrives as GET
+// and the body is dropped there.)
 class ResponseFilter : public HttpExchange {
  public:
-  ResponseFilter(std::shared_ptr<HttpExchange> inner, std::vector<std::pair<std::string, std::string>> headers, bool head)
-      : inner_(std::move(inner)), headers_(std::move(headers)), head_(head) {}
+  ResponseFilter(std::shared_ptr<HttpExchange> inner, std::vector<std::pair<std::string, std::string>> headers)
+      : inner_(std::move(inner)), headers_(std::move(headers)) {}
   void respond(int status, std::string body, std::string content_type,
                std::vector<std::pair<std::string, std::string>> headers) override {
     headers.insert(headers.end(), headers_.begin(), headers_.end());
-    if (head_) body.clear();
     inner_->respond(status, std::move(body), std::move(content_type), std::move(headers));
   }
   void start_stream(std::string content_type, std::vector<std::pair<std::string, std::string>> headers) override {
@@ -160,13 +162,13 @@ class ResponseFilter : public HttpExchange {
   void on_client_gone(std::function<void()> callback) override { inner_->on_client_gone(std::move(callback)); }
   void post(std::function<void()> fn) override { inner_->post(std::move(fn)); }
   bool client_gone() const override { return inner_->client_gone(); }
+  size_t pending_bytes() const override { return inner_->pending_bytes(); }
   double idle_seconds() const override { return inner_->idle_seconds(); }
   void every(double seconds, std::function<void()> fn) override { inner_->every(seconds, std::move(fn)); }
 
  private:
   std::shared_ptr<HttpExchange> inner_;
   std::vector<std::pair<std::string, std::string>> headers_;
-  bool head_;
 };
 
 struct Route {
@@ -209,19 +211,9 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
   const bool known = allowed != nullptr;
   const std::string endpoint = known ? (model_path ? "/v1/models/{model}" : path) : "other";
 
-  // CORS, opt-in: only a listed origin is told it may read the response.
-  std::vector<std::pair<std::string, std::string>> cors;
-  bool origin_listed = false;
-  if (!opt_.allowed_origins.empty() && !req.origin.empty()) {
-    for (const auto& o : opt_.allowed_origins)
-      if (o == "*" || o == req.origin) origin_listed = true;
-    if (origin_listed) {
-      cors.emplace_back("Access-Control-Allow-Origin", req.origin);
-      cors.emplace_back("Vary", "Origin");
-    }
-  }
-  const bool head = req.method == "HEAD";
-  if (!cors.empty() || head) ex = std::make_shared<ResponseFilter>(std::move(ex), cors, head);
+  const std::vector<std::pair<std::string, std::string>> cors = cors_headers(req.origin);
+  const bool origin_listed = !cors.empty();
+  if (!cors.empty()) ex = std::make_shared<ResponseFilter>(std::move(ex), cors);
 
   if (!known) {
     ApiError e;
@@ -334,7 +326,8 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
   auto body = std::make_shared<std::string>(std::move(req.body));
   const std::string method = req.method;
   HttpExchange& exr = *ex;
-  offload(exr, endpoint, [this, ex, ctx, body, path, method, endpoint, arrival] {
+  // The body's share of the in-flight budget is held until the parse has freed the body.
+  offload(exr, endpoint, [this, ex, ctx, body, path, method, endpoint, arrival, lease = std::move(req.body_lease)]() mutable {
     if (ex->client_gone()) return;  // nobody to answer
     auto server_fault = [&](const std::exception& e) {
       // A fault of the server's own setup (e.g. a chat template token missing from the tokenizer).
@@ -365,6 +358,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     }
     body->clear();
     body->shrink_to_fit();
+    lease.reset();
     if (auto* err = std::get_if<ApiError>(&parsed)) {
       spdlog::info("{} {} status={} error=\"{}\"", method, path, err->status, err->message);
       return respond_error(*ex, endpoint, *err);
@@ -376,5 +370,39 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
 }
 
 const char* version_string() { return DI_VERSION; }
+
+// Header stage (before the body is read): a request that carries a body to an endpoint needing the
+// key, without the right key, is refused here, so unauthenticated clients cannot make the server
+// buffer bodies. Requests without a body go through handle(), which answers them the same way.
+std::optional<HttpRejection> Server::check_headers(const HttpHeaderView& h) {
+  const bool protected_target = h.target.rfind("/v1/", 0) == 0 || h.target == "/tokenize" || h.target == "/detokenize";
+  if (opt_.api_key.empty() || !h.has_body() || !protected_target) return std::nullopt;
+  const std::string_view prefix = "Bearer ";
+  const std::string_view auth = h.authorization;
+  if (auth.size() > prefix.size() && auth.substr(0, prefix.size()) == prefix &&
+      constant_time_equal(std::string(auth.substr(prefix.size())), opt_.api_key))
+    return std::nullopt;
+  ApiError e;
+  e.status = 401;
+  e.code = "invalid_api_key";
+  e.message = auth.empty() ? "Missing API key: send 'Authorization: Bearer <key>'" : "Incorrect API key provided";
+  const bool counted = h.target == "/v1/chat/completions" || h.target == "/v1/completions";
+  metrics_.count_request(counted ? std::string(h.target) : "other", 401);
+  for (auto& hdr : cors_headers(h.origin)) e.headers.push_back(std::move(hdr));
+  return HttpRejection{e.status, error_body(e), "application/json", e.headers};
+}
+
+// CORS, opt-in: only a listed origin is told it may read the response.
+std::vector<std::pair<std::string, std::string>> Server::cors_headers(std::string_view origin) const {
+  std::vector<std::pair<std::string, std::string>> h;
+  if (opt_.allowed_origins.empty() || origin.empty()) return h;
+  for (const auto& o : opt_.allowed_origins)
+    if (o == "*" || o == origin) {
+      h.emplace_back("Access-Control-Allow-Origin", std::string(origin));
+      h.emplace_back("Vary", "Origin");
+      break;
+    }
+  return h;
+}
 
 }  // namespace di::server

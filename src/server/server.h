@@ -64,10 +64,13 @@ class Server {
   void stop();
 
   void handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex);
+  // The HTTP layer's header-stage check: authentication of requests with a body.
+  std::optional<HttpRejection> check_headers(const HttpHeaderView& h);
 
  private:
   enum class State { Loading, Ready, Failed, Draining, Stopped };
   void respond_error(HttpExchange& ex, const std::string& endpoint, const ApiError& e);
+  std::vector<std::pair<std::string, std::string>> cors_headers(std::string_view origin) const;
   // Runs `job` on a parse worker; answers 503 itself when the queue is full.
   void offload(HttpExchange& ex, const std::string& endpoint, std::function<void()> job);
 
