@@ -335,6 +335,12 @@ TEST(StreamParser, MaxToolCallsEndsAfterTheFirstCall) {
                          "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
                          "<｜tool▁call▁end｜>" + second,
                          {begin(0, "get_weather"), args(0, "{\"city\": \"Paris\"}"), end(0), invalid(second), finish("tool_calls")});
+  // A first invoke left unclosed still ends (with valid arguments) where the second one starts.
+  const std::string unclosed =
+      "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"a\">\n<｜DSML｜ parameter name=\"x\" string=\"false\">1</｜DSML｜ parameter>\n"
+      "<｜DSML｜ invoke name=\"b\">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  const std::string tail = unclosed.substr(unclosed.find("<｜DSML｜ invoke name=\"b\"") + std::string("<｜DSML｜ invoke name=\"").size());
+  expect_split_invariant(o, unclosed, {begin(0, "a"), args(0, "{\"x\": 1}"), end(0), invalid(tail), finish("tool_calls")});
   // Unlimited (the default) keeps both calls.
   ParserOptions all;
   EXPECT_EQ(parse(all, kDsmlV41).size(), 8u);

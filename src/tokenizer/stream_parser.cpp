@@ -395,6 +395,20 @@ void StreamParser::close_open_call(std::vector<StreamEvent>& out) {
 }
 
 void StreamParser::on_label(int id, std::vector<StreamEvent>& out) {
+  const bool at_limit = opt_.max_tool_calls > 0 && tool_count_ >= opt_.max_tool_calls;
+  if (at_limit && (id == kInvoke || id == kV3CallBegin)) {
+    // One more call would start: the last allowed one ends here, closed by its tag or not.
+    if (in_call_) {
+      if (opt_.syntax == ToolCallSyntax::Dsml) {
+        end_tool_call(out);
+      } else {
+        close_open_call(out);
+      }
+    }
+    finished_calls_ = true;
+    enter(Stage::Finished);
+    return;
+  }
   on_label_inner(id, out);
   if (opt_.max_tool_calls > 0 && tool_count_ >= opt_.max_tool_calls && !in_call_ && stage_ != Stage::Finished) {
     finished_calls_ = true;
