@@ -804,6 +804,7 @@ TEST(ServerHttpProtocol, AbsoluteFormTargetsAreRoutedByPath) {
   EXPECT_EQ(fetch(ts.port, "GET", "http://example.com/health?probe=1").status, 200);
   EXPECT_EQ(fetch(ts.port, "GET", "HTTP://EXAMPLE.COM/v1/models").status, 200);
   EXPECT_EQ(fetch(ts.port, "GET", "http://example.com").status, 404);  // path "/"
+  EXPECT_EQ(fetch(ts.port, "GET", "x?u=http://a/health").status, 404);  // not a scheme: not absolute-form
 }
 
 // Reads one response head from `c` (status line + fields, up to the blank line), raw.

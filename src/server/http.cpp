@@ -8,6 +8,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -67,7 +69,11 @@ std::string error_json(const std::string& message, const char* code) {
 std::string_view target_path(std::string_view target) {
   if (!target.empty() && target.front() != '/') {
     const size_t scheme_end = target.find("://");
-    if (scheme_end != std::string_view::npos && scheme_end > 0) {
+    const bool scheme = scheme_end != std::string_view::npos && scheme_end > 0 &&
+                        std::all_of(target.begin(), target.begin() + scheme_end, [](char c) {
+                          return std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.';
+                        });
+    if (scheme) {
       const size_t slash = target.find_first_of("/?", scheme_end + 3);
       if (slash == std::string_view::npos || target[slash] == '?') return "/";
       target.remove_prefix(slash);
