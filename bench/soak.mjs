@@ -4,6 +4,7 @@
 //
 //   node bench/soak.mjs [--minutes 10] [--bin build/deepinfer] [--model DIR] [--api-key KEY]
 //        [--url http://127.0.0.1:8000 --pid PID] [--skip deep_nesting,many_keys,...] [--json out.json]
+//        [--server-args "--no-prefix-cache ..."] [--clients 4] [--flood-connections 32] [--slowloris 64]
 //
 // Without --url it starts `BIN serve [DIR] --port 0 --api-key KEY` (default: the built-in tiny model,
 // key "soak-key") and stops it with SIGTERM at the end. With --url it uses a running server; RSS
@@ -37,6 +38,7 @@ const floodMiB = Number(arg('flood-mib', 8));
 const manyKeys = Number(arg('many-keys', 300000));
 const nestDepth = Number(arg('nest-depth', 20000));
 const slowlorisConns = Number(arg('slowloris', 64));
+const serverArgs = arg('server-args', '').split(' ').filter(Boolean);
 
 // ---- bookkeeping -----------------------------------------------------------------------------------
 const stats = { requests: {}, ok: {}, errors: {} };
@@ -58,6 +60,7 @@ async function startServer() {
   if (modelDir) args.push(modelDir);
   args.push('--port', '0');
   if (apiKey) args.push('--api-key', apiKey);
+  args.push(...serverArgs);
   child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   pid = child.pid;
   const onData = (d) => { serverLog = (serverLog + d.toString()).slice(-20000); };
@@ -152,7 +155,7 @@ async function expectStatus(kind, body, statuses, { headers = jsonHeaders, slowM
   count(kind);
   const t0 = performance.now();
   try {
-    const res = await fetch(url + '/v1/chat/completions', { method: 'POST', headers, body, signal: AbortSignal.timeout(180000) });
+    const res = await fetch(url + '/v1/chat/completions', { method: 'POST', headers, body, signal: AbortSignal.timeout(60000) });
     await res.arrayBuffer();
     const ms = performance.now() - t0;
     if (!statuses.includes(res.status)) return err(kind, `HTTP ${res.status}`);
@@ -364,8 +367,13 @@ if (!serverDied) {
   }
   await sleep(3000);  // let freed memory go back before the end RSS
   try { m = await metrics(); } catch {}
-  // The prefix cache keeps pages on purpose; every other in-use page belongs to a request.
-  if ('deepinfer_cache_pages_used' in m) leaked = m.deepinfer_cache_pages_used - (m.deepinfer_prefix_cache_entries || 0);
+  // The prefix cache keeps pages on purpose (an entry holds one page per layer: compare bytes); any
+  // other in-use page belongs to a request and must be gone. Pages are sized alike within the pool.
+  if ('deepinfer_cache_pages_used' in m) {
+    const used = m.deepinfer_cache_bytes_used || 0, held = m.deepinfer_prefix_cache_bytes || 0;
+    const pageBytes = m.deepinfer_cache_pages_used > 0 ? used / m.deepinfer_cache_pages_used : 1;
+    leaked = Math.round((used - held) / pageBytes);
+  }
   rss.end = rssKiB();
 }
 stopping = true;
@@ -377,7 +385,8 @@ const report = {
   health_polls: health.polls, health_failures: health.failures, max_health_latency_ms: Math.round(health.maxMs),
   rss_kib: rss, leaked_pages: leaked,
   engine_after: { running: m.deepinfer_num_requests_running, waiting: m.deepinfer_num_requests_waiting,
-                  pages_used: m.deepinfer_cache_pages_used, prefix_cache_pages: m.deepinfer_prefix_cache_entries },
+                  pages_used: m.deepinfer_cache_pages_used, cache_bytes_used: m.deepinfer_cache_bytes_used,
+                  prefix_cache_bytes: m.deepinfer_prefix_cache_bytes, state_bytes_used: m.deepinfer_state_bytes_used },
   server_died: serverDied || null,
 };
 
@@ -392,14 +401,16 @@ if (child) {
   report.server_exit = code;
 }
 const normalErrors = Object.keys(stats.errors).filter((k) => k.startsWith('chat')).length;
-if (serverDied || leaked !== 0 || normalErrors > 0 || health.failures > 0) exitStatus = 1;
+if (serverDied || leaked !== 0 || (m.deepinfer_state_bytes_used || 0) !== 0 || normalErrors > 0 || health.failures > 0) exitStatus = 1;
 
 console.log(`requests            ${total}  (${Object.entries(stats.requests).map(([k, v]) => `${k} ${v}`).join(', ')})`);
 console.log(`errors by kind      ${Object.keys(stats.errors).length ? '' : 'none'}`);
 for (const [k, v] of Object.entries(stats.errors).sort((a, b) => b[1] - a[1])) console.log(`  ${String(v).padStart(6)}  ${k}`);
 console.log(`/health             ${health.polls} polls, ${health.failures} failed, max latency ${Math.round(health.maxMs)} ms`);
 console.log(`server RSS          start ${(rss.start / 1024).toFixed(0)} MiB, peak ${(rss.peak / 1024).toFixed(0)} MiB, end ${(rss.end / 1024).toFixed(0)} MiB`);
-console.log(`leaked pages        ${leaked === null ? 'unknown' : leaked}  (pages in use ${m.deepinfer_cache_pages_used ?? '?'}, prefix cache ${m.deepinfer_prefix_cache_entries ?? '?'})`);
+console.log(`leaked pages        ${leaked === null ? 'unknown' : leaked}  (pages in use ${m.deepinfer_cache_pages_used ?? '?'}: ` +
+            `${m.deepinfer_cache_bytes_used ?? '?'} B, of which the prefix cache holds ${m.deepinfer_prefix_cache_bytes ?? '?'} B; ` +
+            `sequence state ${m.deepinfer_state_bytes_used ?? '?'} B)`);
 if (serverDied) console.log(`SERVER DIED         ${serverDied}\n${serverLog.slice(-3000)}`);
 if (jsonOut) (await import('node:fs')).writeFileSync(jsonOut, JSON.stringify(report, null, 2) + '\n');
 process.exit(exitStatus);
