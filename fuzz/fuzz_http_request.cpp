@@ -110,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::vector<std::string_view> one;
   if (!text.empty()) one.push_back(text);
-  const auto whole = parse_stream(one, lim);
+  auto whole = parse_stream(one, lim);
 
   // Cut into reads of pseudo-random sizes (1..16 bytes or larger pieces) chosen by the input.
   std::vector<std::string_view> pieces;
@@ -121,7 +121,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pieces.push_back(text.substr(pos, len));
     pos += len;
   }
-  const auto split = parse_stream(pieces, lim);
+  auto split = parse_stream(pieces, lim);
+  // Which error ends the connection may depend on the cuts (Beast reports a malformed start line
+  // at once when it has the whole header, as an incomplete message at EOF when it never got the
+  // blank line): the requests parsed before it must not.
+  for (auto* v : {&whole, &split})
+    if (!v->empty() && !v->back().error.empty()) v->back().error = "error";
   FUZZ_CHECK(whole == split, "whole " + describe(whole) + " vs split " + describe(split) + " for " + di::fuzz::show(text));
   return 0;
 }

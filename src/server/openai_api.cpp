@@ -63,7 +63,7 @@ ojson parse_body(std::string_view body) {
   ojson j;
   try {
     j = ojson::parse(body.begin(), body.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400
     throw Reject{invalid_param("", std::string("request body is not valid JSON: ") + e.what(), "invalid_json")};
   }
   if (!j.is_object()) throw Reject{invalid_param("", std::string("request body must be a JSON object, got ") + j.type_name(), "invalid_json")};
