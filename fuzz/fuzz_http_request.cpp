@@ -6,6 +6,7 @@
 // path without the query string, headers it reads) is well formed.
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -71,7 +72,7 @@ std::vector<Outcome> parse_stream(const std::vector<std::string_view>& segments,
     }
     Outcome o;
     if (ec) {
-      o.error = ec.message();
+      o.error = ec == http::error::header_limit ? "header_limit" : ec.message();
       out.push_back(std::move(o));
       break;
     }
@@ -125,8 +126,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Which error ends the connection may depend on the cuts (Beast reports a malformed start line
   // at once when it has the whole header, as an incomplete message at EOF when it never got the
   // blank line): the requests parsed before it must not.
+  // Beast counts a header against header_limit a few bytes differently when it arrives in pieces:
+  // a header right at the limit may be a 431 in one run and accepted in the other. Requests before
+  // that one must still agree.
+  size_t cut = std::max(whole.size(), split.size());
   for (auto* v : {&whole, &split})
+    if (!v->empty() && v->back().error == "header_limit") cut = std::min(cut, v->size() - 1);
+  for (auto* v : {&whole, &split}) {
+    if (v->size() > cut) v->resize(cut);
     if (!v->empty() && !v->back().error.empty()) v->back().error = "error";
+  }
   FUZZ_CHECK(whole == split, "whole " + describe(whole) + " vs split " + describe(split) + " for " + di::fuzz::show(text));
   return 0;
 }

@@ -72,7 +72,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t n = 1 + in.byte() % 8;
     std::string stop;
     for (size_t k = 0; k < n && in.remaining(); ++k) stop += char(in.byte());
-    if (!stop.empty()) opt.stop_sequences.push_back(stop);
+    // Stop strings come from JSON requests, so they are valid UTF-8 (the API checks the body); an
+    // invalid one starting with a continuation byte could cut a character of valid output.
+    if (!stop.empty()) opt.stop_sequences.push_back(utf8::decode_lossy(stop));
   }
   const std::string_view text = in.rest();
 
