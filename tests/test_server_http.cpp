@@ -181,20 +181,17 @@ TEST(ServerHttp, ApiKey) {
   EXPECT_FALSE(server::constant_time_equal("", "a"));
 }
 
-// A chunked body whose final chunk arrives byte-group by byte-group ("0" "\r\n" "\r" "\n") once
-// aborted the server on an assertion inside Beast (found by fuzz_http_request).
+// An empty chunked body whose final chunk arrives in pieces ("0" "\r\n" "\r" "\n") once aborted the
+// server on an assertion inside Beast (found by fuzz_http_request). Each piece is its own read.
 TEST(ServerHttp, ChunkedBodyWithTheFinalChunkSplitAcrossReads) {
   TestServer ts(hello_engine());
   RawConn c(ts.port);
-  char len[16];
-  std::snprintf(len, sizeof len, "%zx", kChat.size());
-  c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
-         std::string(len) + "\r\n" + kChat + "\r\n0");
+  c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n0");
   for (const char* piece : {"\r\n", "\r", "\n"}) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     c.send(piece);
   }
-  EXPECT_EQ(c.read_reply().status, 200);
+  EXPECT_EQ(c.read_reply().status, 400);  // parsed: an empty body is not a JSON request
   EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
 }
 
