@@ -14,7 +14,8 @@
 // Abuses (names for --skip): deep_nesting (21,700-level tool schema), many_keys (300k keys in an ignored
 // field), auth_flood (8 MiB bodies with a wrong key; only with a key), slowloris (headers one byte at
 // a time), aborted_stream (disconnect after the first chunk), non_reading (streams never read),
-// http10_stream (HTTP/1.0 streaming: no chunked encoding allowed), malformed (bad JSON / UTF-8 / types).
+// http10_stream (HTTP/1.0 streaming: no chunked encoding allowed), chunked_split (an empty chunked body
+// whose final chunk arrives in pieces), malformed (bad JSON / UTF-8 / types).
 
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -294,6 +295,28 @@ const abuses = {
     if (!rest.join('\r\n\r\n').includes('data: [DONE]')) return err(kind, 'no [DONE] before close');
     ok(kind);
     await sleep(500);
+  },
+  async chunked_split() {
+    // An empty chunked body whose final chunk comes in pieces: once aborted the server inside Beast.
+    const kind = 'chunked_split';
+    count(kind);
+    const u = new URL(url);
+    const r = await new Promise((resolve) => {
+      const sock = net.connect(Number(u.port), u.hostname);
+      sock.setNoDelay(true);
+      let got = '';
+      const pieces = [`POST /v1/chat/completions HTTP/1.1\r\nHost: soak\r\n${apiKey ? `Authorization: Bearer ${apiKey}\r\n` : ''}` +
+                      'Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n0', '\r\n', '\r', '\n'];
+      const timer = setTimeout(() => { sock.destroy(); resolve(got || 'no answer (timeout)'); }, 30000);
+      sock.on('data', (d) => { got += d.toString('latin1'); if (got.includes('\r\n\r\n')) { clearTimeout(timer); sock.destroy(); resolve(got); } });
+      sock.on('error', (e) => { clearTimeout(timer); resolve(got || 'no answer (' + e.code + ')'); });
+      sock.on('connect', async () => {
+        for (const p of pieces) { sock.write(p); await sleep(100); }
+      });
+    });
+    if (/^HTTP\/1\.1 400/.test(r)) ok(kind);
+    else err(kind, r.split('\r\n')[0]);
+    await sleep(1000);
   },
   async malformed() {
     for (const b of malformedBodies) await expectStatus('malformed', b, [400]);
