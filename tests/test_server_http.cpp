@@ -181,6 +181,20 @@ TEST(ServerHttp, ApiKey) {
   EXPECT_FALSE(server::constant_time_equal("", "a"));
 }
 
+// An empty chunked body whose final chunk arrives in pieces ("0" "\r\n" "\r" "\n") once aborted the
+// server on an assertion inside Beast (found by fuzz_http_request). Each piece is its own read.
+TEST(ServerHttp, ChunkedBodyWithTheFinalChunkSplitAcrossReads) {
+  TestServer ts(hello_engine());
+  RawConn c(ts.port);
+  c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n0");
+  for (const char* piece : {"\r\n", "\r", "\n"}) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    c.send(piece);
+  }
+  EXPECT_EQ(c.read_reply().status, 400);  // parsed: an empty body is not a JSON request
+  EXPECT_EQ(fetch(ts.port, "GET", "/health").status, 200);
+}
+
 TEST(ServerHttp, BodyLimitIs413) {
   TestServer ts(hello_engine(), [](server::ServerOptions& o) { o.http.max_body_bytes = 1000; });
   // The declared length alone is enough to refuse.
