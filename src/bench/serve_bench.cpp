@@ -691,7 +691,7 @@ struct BenchSink : engine::RequestSink {
   std::mutex* mu = nullptr;
   std::condition_variable* cv = nullptr;
   int* finished = nullptr;
-  Clock::time_point origin, start, last;
+  Clock::time_point start, last;
   RequestOutput out;
   bool first = false;
 
@@ -770,11 +770,12 @@ ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
       sink->out.error = "submit refused: " + (sr.message.empty() ? std::string("error ") + std::to_string(int(sr.error)) : sr.message);
       ++finished;
     }
-    if (o.progress) print_progress(finished, int(reqs.size()), seconds(origin, Clock::now()));
   }
   {
     std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return finished == int(reqs.size()); });
+    int shown = -1;
+    while (!cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return finished == int(reqs.size()); }))
+      if (o.progress && finished != shown) print_progress(shown = finished, int(reqs.size()), seconds(origin, Clock::now()));
   }
   const double duration = seconds(origin, Clock::now());
   if (o.progress) print_progress(int(reqs.size()), int(reqs.size()), duration);
