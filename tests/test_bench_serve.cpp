@@ -537,7 +537,9 @@ TEST(BenchServe, InProcessEngineOnTinyModel) {
     EXPECT_EQ(r.outputs[i].itl.size(), 4u);
     EXPECT_GE(r.outputs[i].latency, r.outputs[i].ttft);
     // Concurrency 1: a request starts only after the one before has finished.
-    if (i > 0) EXPECT_GE(r.outputs[i].start_time, r.outputs[i - 1].start_time + r.outputs[i - 1].latency);
+    if (i > 0) {
+      EXPECT_GE(r.outputs[i].start_time, r.outputs[i - 1].start_time + r.outputs[i - 1].latency);
+    }
   }
   o.endpoint = "/v1/chat/completions";  // text prompts: the engine takes token ids only
   EXPECT_THROW(run_engine_bench(*eng, o), std::invalid_argument);

@@ -744,12 +744,15 @@ ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
   std::vector<std::shared_ptr<BenchSink>> sinks(reqs.size());
   const engine::EngineStats before = eng.stats();
   const Clock::time_point origin = Clock::now();
+  int shown = -1;
+  auto wait_for = [&](auto done) {  // with the progress bar going while it waits
+    std::unique_lock lk(mu);
+    while (!cv.wait_for(lk, std::chrono::milliseconds(200), done))
+      if (o.progress && finished != shown) print_progress(shown = finished, int(reqs.size()), seconds(origin, Clock::now()));
+  };
   for (size_t i = 0; i < reqs.size(); ++i) {
     std::this_thread::sleep_until(origin + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
-    {
-      std::unique_lock lk(mu);
-      cv.wait(lk, [&] { return submitted - finished < limit; });
-    }
+    wait_for([&] { return submitted - finished < limit; });
     engine::RequestParams p;
     p.prompt = reqs[i].prompt.get<std::vector<int32_t>>();
     p.max_tokens = reqs[i].output_len;
@@ -771,12 +774,7 @@ ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
       ++finished;
     }
   }
-  {
-    std::unique_lock lk(mu);
-    int shown = -1;
-    while (!cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return finished == int(reqs.size()); }))
-      if (o.progress && finished != shown) print_progress(shown = finished, int(reqs.size()), seconds(origin, Clock::now()));
-  }
+  wait_for([&] { return finished == int(reqs.size()); });
   const double duration = seconds(origin, Clock::now());
   if (o.progress) print_progress(int(reqs.size()), int(reqs.size()), duration);
   const engine::EngineStats after = eng.stats();
