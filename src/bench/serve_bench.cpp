@@ -740,7 +740,7 @@ ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
 
   std::mutex mu;
   std::condition_variable cv;
-  int finished = 0, submitted = 0;
+  int finished = 0, submitted = 0, accepted = 0;
   std::vector<std::shared_ptr<BenchSink>> sinks(reqs.size());
   const engine::EngineStats before = eng.stats();
   const Clock::time_point origin = Clock::now();
@@ -769,6 +769,7 @@ ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
     const engine::SubmitResult sr = eng.submit(std::move(p), sink);
     std::lock_guard lk(mu);
     ++submitted;
+    if (sr.error == engine::SubmitError::None) ++accepted;
     if (sr.error != engine::SubmitError::None) {
       sink->out.error = "submit refused: " + (sr.message.empty() ? std::string("error ") + std::to_string(int(sr.error)) : sr.message);
       ++finished;
@@ -777,7 +778,12 @@ ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
   wait_for([&] { return finished == int(reqs.size()); });
   const double duration = seconds(origin, Clock::now());
   if (o.progress) print_progress(int(reqs.size()), int(reqs.size()), duration);
-  const engine::EngineStats after = eng.stats();
+  // The engine publishes its counters after the step whose events finished the last request.
+  engine::EngineStats after = eng.stats();
+  for (int k = 0; k < 1000 && after.requests_finished - before.requests_finished < accepted; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    after = eng.stats();
+  }
 
   ServeResult res;
   res.outputs.reserve(reqs.size());
