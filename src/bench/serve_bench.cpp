@@ -526,6 +526,7 @@ void fill_report(ServeResult& res, const ServeOptions& o, const std::string& mod
   j["output_len"] = o.output_len;
   j["vocab_size"] = o.dataset == "random" && o.vocab_size > 0 ? nlohmann::json(o.vocab_size) : nlohmann::json(nullptr);
   j["seed"] = o.seed;
+  j["num_warmups"] = o.num_warmups;
   nlohmann::json errors = nlohmann::json::array();
   for (const auto& out : res.outputs)
     if (!out.success && errors.size() < 10) errors.push_back(out.error);
@@ -589,6 +590,15 @@ void fill_report(ServeResult& res, const ServeOptions& o, const std::string& mod
   if (m.failed > 0) t += "first error: " + errors[0].get<std::string>() + "\n";
 }
 
+static std::vector<ServeRequest> warmup_requests(const ServeOptions& o) {
+  if (o.num_warmups < 0) throw std::invalid_argument("--num-warmups must be >= 0");
+  if (o.num_warmups == 0) return {};
+  ServeOptions w = o;
+  w.num_prompts = o.num_warmups;
+  w.seed = o.seed ^ 0x77a3b1f5c2d4e6f8ull;  // other prompts: the run's must not hit the prefix cache
+  return load_serve_requests(w);
+}
+
 ServeResult run_serve_bench(const ServeOptions& o) {
   if (o.max_concurrency < 0) throw std::invalid_argument("--max-concurrency must be >= 0");
   if (!(o.timeout_s > 0)) throw std::invalid_argument("--timeout must be > 0");
@@ -636,6 +646,24 @@ ServeResult run_serve_bench(const ServeOptions& o) {
         }
         const std::vector<double> arrivals = arrival_times(int(reqs.size()), o.request_rate, o.burstiness, o.seed);
         res.outputs.resize(reqs.size());
+        {  // all at once, so that the run's batch shapes are already met
+          const std::vector<ServeRequest> warmups = warmup_requests(opts);
+          int left = int(warmups.size());
+          std::string warm_error;
+          asio::steady_timer warm_done(ex, Clock::time_point::max());
+          for (const ServeRequest& w : warmups)
+            asio::co_spawn(
+                ex,
+                [&, body = request_body(o, model, w, chat)]() mutable -> awaitable<void> {
+                  const RequestOutput out = co_await stream_request(sh, target, std::move(body));
+                  if (!out.success && warm_error.empty()) warm_error = out.error;
+                  if (--left == 0) warm_done.cancel();
+                },
+                asio::detached);
+          boost::system::error_code ec;
+          if (left > 0) co_await warm_done.async_wait(asio::redirect_error(use_awaitable, ec));
+          if (!warm_error.empty()) throw std::runtime_error("warm-up request failed: " + warm_error);
+        }
         engine_before = co_await engine_decode_counters(sh);
         Semaphore sem(ex, o.max_concurrency > 0 ? o.max_concurrency : int(reqs.size()));
         int remaining = int(reqs.size()), finished = 0;
@@ -742,7 +770,35 @@ ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
   std::condition_variable cv;
   int finished = 0, submitted = 0, accepted = 0;
   std::vector<std::shared_ptr<BenchSink>> sinks(reqs.size());
-  const engine::EngineStats before = eng.stats();
+  const std::vector<ServeRequest> warmups = warmup_requests(opts);
+  const int64_t finished_before_warmups = eng.stats().requests_finished;
+  {  // all at once, so that the run's batch shapes are already met
+    int done = 0;
+    std::vector<std::shared_ptr<BenchSink>> wsinks;
+    for (const ServeRequest& w : warmups) {
+      engine::RequestParams p;
+      p.prompt = w.prompt.get<std::vector<int32_t>>();
+      p.max_tokens = w.output_len;
+      p.ignore_eos = o.ignore_eos;
+      p.sampling.temperature = float(o.temperature);
+      auto sink = std::make_shared<BenchSink>();
+      sink->mu = &mu;
+      sink->cv = &cv;
+      sink->finished = &done;
+      wsinks.push_back(sink);
+      const engine::SubmitResult sr = eng.submit(std::move(p), sink);
+      if (sr.error != engine::SubmitError::None) throw std::runtime_error("warm-up request refused: " + sr.message);
+    }
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done == int(wsinks.size()); });
+    for (const auto& w : wsinks)
+      if (!w->out.success) throw std::runtime_error("warm-up request failed: " + w->out.error);
+  }
+  engine::EngineStats before = eng.stats();
+  for (int k = 0; k < 1000 && before.requests_finished - finished_before_warmups < int64_t(warmups.size()); ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    before = eng.stats();
+  }
   const Clock::time_point origin = Clock::now();
   int shown = -1;
   auto wait_for = [&](auto done) {  // with the progress bar going while it waits

@@ -46,6 +46,9 @@ struct ServeOptions {
   double request_rate = std::numeric_limits<double>::infinity();  // requests/s; inf = all at once
   double burstiness = 1.0;       // 1 = Poisson arrivals; gamma-distributed gaps otherwise
   int max_concurrency = 0;       // 0 = unlimited
+  // Untimed requests sent all at once before the run (first-touch page faults, workspace growth),
+  // drawn like the run's with another seed; not in the results.
+  int num_warmups = 0;
   std::map<std::string, double> goodput;  // SLOs in ms: ttft, tpot, e2el
   std::vector<double> percentiles{90, 99};
   bool ignore_eos = true;
