@@ -541,6 +541,13 @@ TEST(BenchServe, InProcessEngineOnTinyModel) {
       EXPECT_GE(r.outputs[i].start_time, r.outputs[i - 1].start_time + r.outputs[i - 1].latency);
     }
   }
+  EXPECT_EQ(eng->stats().requests_submitted, 4);
+  o.num_warmups = 2;  // untimed, before the run: submitted, but not in the results
+  const ServeResult w = run_engine_bench(*eng, o);
+  EXPECT_EQ(w.outputs.size(), 4u);
+  EXPECT_EQ(w.metrics.total_output, 4 * 5);
+  EXPECT_EQ(w.json["num_warmups"], 2);
+  EXPECT_EQ(eng->stats().requests_submitted, 4 + 2 + 4);
   o.endpoint = "/v1/chat/completions";  // text prompts: the engine takes token ids only
   EXPECT_THROW(run_engine_bench(*eng, o), std::invalid_argument);
   eng->shutdown();
@@ -565,9 +572,40 @@ TEST(BenchServe, CliComparesServerAndInProcessEngine) {
   EXPECT_EQ(j["server"]["failed"], 0);
   EXPECT_EQ(j["engine"]["completed"], 3);
   EXPECT_EQ(j["server"]["vocab_size"], j["engine"]["vocab_size"]);
+  EXPECT_EQ(j["server"]["num_warmups"], 2);  // default with --in-process: --max-concurrency
+  EXPECT_EQ(j["engine"]["num_warmups"], 2);
   EXPECT_EQ(j["server"]["total_output_tokens"], 12);
   EXPECT_EQ(j["engine"]["total_output_tokens"], 12);
   const double ratio = j["server_over_engine_output_throughput"].get<double>();
   EXPECT_NEAR(ratio, j["server_output_throughput"].get<double>() / j["engine_output_throughput"].get<double>(), 1e-9);
   EXPECT_GT(ratio, 0);
+}
+
+TEST(BenchServe, WarmupsComeFirstAndAreNotCounted) {
+  FakeServer srv;
+  srv.first_ms = 5;
+  srv.gap_ms = 1;
+  ServeOptions o = quick(srv, 3);
+  o.num_warmups = 2;
+  const ServeResult r = run_serve_bench(o);
+  EXPECT_EQ(r.metrics.completed, 3);
+  EXPECT_EQ(r.outputs.size(), 3u);
+  EXPECT_EQ(r.metrics.total_output, 3 * 5);
+  const auto bodies = srv.bodies();
+  ASSERT_EQ(bodies.size(), 5u);
+  o.num_warmups = 0;
+  const std::vector<ServeRequest> run = load_serve_requests([&] {
+    ServeOptions q = o;
+    q.vocab_size = 1000;  // what the fake server's card says
+    return q;
+  }());
+  // The two warm-ups went first, with prompts of their own (no prefix-cache hits for the run).
+  for (int k = 0; k < 2; ++k)
+    for (const auto& req : run) EXPECT_NE(bodies[size_t(k)]["prompt"], req.prompt);
+  int matched = 0;
+  for (size_t k = 2; k < bodies.size(); ++k)
+    for (const auto& req : run) matched += bodies[k]["prompt"] == req.prompt;
+  EXPECT_EQ(matched, 3);
+  o.num_warmups = -1;
+  EXPECT_THROW(run_serve_bench(o), std::invalid_argument);
 }
