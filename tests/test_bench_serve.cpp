@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "bench/serve_bench.h"
+#include "engine/engine.h"
+#include "model/v41/model.h"
+#include "server_process.h"
 
 using namespace di::bench;
 using nlohmann::json;
@@ -29,6 +32,7 @@ class FakeServer {
  public:
   int first_ms = 100, gap_ms = 20, chunks = 5;
   bool send_usage = true, fail = false;
+  int vocab_size = 1000;        // the /v1/models card's vocab_size; 0 = no such field
   bool engine_metrics = false;  // GET /metrics with deepinfer's decode counters: per finished
                                 // request 10 decode steps of 2 rows, 5 ms each; else 404
 
@@ -122,7 +126,9 @@ class FakeServer {
       return (void)::close(c);
     }
     if (target == "/v1/models") {
-      const std::string body = R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})";
+      json card = {{"id", "fake-model"}, {"object", "model"}};
+      if (vocab_size > 0) card["vocab_size"] = vocab_size;
+      const std::string body = json{{"object", "list"}, {"data", json::array({card})}}.dump();
       send_all(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
                       "\r\nConnection: close\r\n\r\n" + body);
       return (void)::close(c);
@@ -318,6 +324,7 @@ TEST(BenchServe, FailuresAndMissingUsage) {
 
   ServeOptions o = quick(nousage, 1);
   o.base_url = "http://127.0.0.1:1";  // nothing listens there
+  o.vocab_size = 1000;                // else asking /v1/models for it fails first
   const ServeResult refused = run_serve_bench(o);
   EXPECT_EQ(refused.metrics.failed, 1);
   o.base_url = "https://x";
@@ -469,4 +476,136 @@ TEST(BenchServe, ParseEngineDecodeCounters) {
   EXPECT_FALSE(parse_engine_decode_counters("deepinfer_engine_decode_steps_total x\ndeepinfer_engine_decode_rows_total 1\n"
                                             "deepinfer_engine_decode_seconds_total 1\n", t));
   EXPECT_FALSE(parse_engine_decode_counters("", t));
+}
+
+TEST(BenchServe, RandomIdsStayBelowTheServersVocab) {
+  FakeServer srv;
+  srv.first_ms = 5;
+  srv.gap_ms = 1;
+  srv.vocab_size = 300;
+  ServeOptions o = quick(srv, 4);
+  o.input_len = 200;
+  ASSERT_EQ(o.vocab_size, 0);  // the default asks the server
+  const ServeResult r = run_serve_bench(o);
+  EXPECT_EQ(r.metrics.completed, 4);
+  EXPECT_EQ(r.json["vocab_size"], 300);
+  const auto bodies = srv.bodies();
+  ASSERT_EQ(bodies.size(), 4u);
+  int64_t top = 0;
+  for (const auto& b : bodies)
+    for (const auto& id : b["prompt"]) top = std::max(top, id.get<int64_t>());
+  EXPECT_LT(top, 300);
+  EXPECT_GT(top, 250);  // 800 draws from [0, 300) reach the top of the range
+
+  FakeServer silent;  // a card without vocab_size: the client cannot guess the range
+  silent.vocab_size = 0;
+  ServeOptions q = quick(silent, 1);
+  EXPECT_THROW(run_serve_bench(q), std::runtime_error);
+  q.vocab_size = 50;  // an explicit range needs no card
+  const ServeResult given = run_serve_bench(q);
+  EXPECT_EQ(given.metrics.completed, 1);
+  for (const auto& id : silent.bodies().at(0)["prompt"]) EXPECT_LT(id.get<int64_t>(), 50);
+}
+
+TEST(BenchServe, InProcessEngineOnTinyModel) {
+  const std::string dir = di::test::e2e_model_dir();
+  std::shared_ptr<const di::v41::Model> model = di::v41::Model::load(dir);
+  di::engine::EngineOptions eo;
+  eo.threads = 1;
+  auto eng = di::engine::Engine::create(model, eo);
+  ServeOptions o;
+  o.num_prompts = 4;
+  o.input_len = 12;
+  o.output_len = 5;
+  o.max_concurrency = 1;
+  o.progress = false;
+  o.model = "tiny";
+  const ServeResult r = run_engine_bench(*eng, o);
+  EXPECT_EQ(r.metrics.completed, 4) << r.json["errors"].dump();
+  EXPECT_EQ(r.metrics.failed, 0);
+  EXPECT_EQ(r.metrics.total_input, 4 * 12);
+  EXPECT_EQ(r.metrics.total_output, 4 * 5);  // ignore_eos: every request runs to max_tokens
+  EXPECT_GT(r.metrics.output_throughput, 0);
+  EXPECT_EQ(r.json["backend"], "deepinfer-engine");
+  EXPECT_EQ(r.json["vocab_size"], model->sampleable_vocab());
+  EXPECT_GT(r.json["median_ttft_ms"].get<double>(), 0);
+  EXPECT_GT(r.json["median_tpot_ms"].get<double>(), 0);
+  EXPECT_TRUE(r.json.contains("p99_ttft_ms") && r.json.contains("p99_tpot_ms"));
+  EXPECT_GE(r.engine.steps, 4 * 4);  // decode steps after each first token
+  ASSERT_EQ(r.outputs.size(), 4u);
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    EXPECT_EQ(r.outputs[i].itl.size(), 4u);
+    EXPECT_GE(r.outputs[i].latency, r.outputs[i].ttft);
+    // Concurrency 1: a request starts only after the one before has finished.
+    if (i > 0) {
+      EXPECT_GE(r.outputs[i].start_time, r.outputs[i - 1].start_time + r.outputs[i - 1].latency);
+    }
+  }
+  EXPECT_EQ(eng->stats().requests_submitted, 4);
+  o.num_warmups = 2;  // untimed, before the run: submitted, but not in the results
+  const ServeResult w = run_engine_bench(*eng, o);
+  EXPECT_EQ(w.outputs.size(), 4u);
+  EXPECT_EQ(w.metrics.total_output, 4 * 5);
+  EXPECT_EQ(w.json["num_warmups"], 2);
+  EXPECT_EQ(eng->stats().requests_submitted, 4 + 2 + 4);
+  o.endpoint = "/v1/chat/completions";  // text prompts: the engine takes token ids only
+  EXPECT_THROW(run_engine_bench(*eng, o), std::invalid_argument);
+  eng->shutdown();
+}
+
+TEST(BenchServe, CliComparesServerAndInProcessEngine) {
+  const std::string dir = di::test::e2e_model_dir();
+  const std::string out = ::testing::TempDir() + "/bench_compare.json";
+  std::remove(out.c_str());
+  std::string log;
+  const int rc = di::test::run_command(std::string(DI_BINARY_DIR) + "/deepinfer bench serve --in-process " + dir +
+                                           " --compare --threads 1 --num-prompts 3 --input-len 16 --output-len 4"
+                                           " --max-concurrency 2 --no-progress --json " + out,
+                                       log);
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_NE(log.find("Server / engine tok/s"), std::string::npos) << log;
+  std::ifstream f(out);
+  ASSERT_TRUE(f.good());
+  const json j = json::parse(f);
+  // The server run drew its ids from the server's /v1/models vocab_size: none refused.
+  EXPECT_EQ(j["server"]["completed"], 3) << j["server"]["errors"].dump();
+  EXPECT_EQ(j["server"]["failed"], 0);
+  EXPECT_EQ(j["engine"]["completed"], 3);
+  EXPECT_EQ(j["server"]["vocab_size"], j["engine"]["vocab_size"]);
+  EXPECT_EQ(j["server"]["num_warmups"], 2);  // default with --in-process: --max-concurrency
+  EXPECT_EQ(j["engine"]["num_warmups"], 2);
+  EXPECT_EQ(j["server"]["total_output_tokens"], 12);
+  EXPECT_EQ(j["engine"]["total_output_tokens"], 12);
+  const double ratio = j["server_over_engine_output_throughput"].get<double>();
+  EXPECT_NEAR(ratio, j["server_output_throughput"].get<double>() / j["engine_output_throughput"].get<double>(), 1e-9);
+  EXPECT_GT(ratio, 0);
+}
+
+TEST(BenchServe, WarmupsComeFirstAndAreNotCounted) {
+  FakeServer srv;
+  srv.first_ms = 5;
+  srv.gap_ms = 1;
+  ServeOptions o = quick(srv, 3);
+  o.num_warmups = 2;
+  const ServeResult r = run_serve_bench(o);
+  EXPECT_EQ(r.metrics.completed, 3);
+  EXPECT_EQ(r.outputs.size(), 3u);
+  EXPECT_EQ(r.metrics.total_output, 3 * 5);
+  const auto bodies = srv.bodies();
+  ASSERT_EQ(bodies.size(), 5u);
+  o.num_warmups = 0;
+  const std::vector<ServeRequest> run = load_serve_requests([&] {
+    ServeOptions q = o;
+    q.vocab_size = 1000;  // what the fake server's card says
+    return q;
+  }());
+  // The two warm-ups went first, with prompts of their own (no prefix-cache hits for the run).
+  for (int k = 0; k < 2; ++k)
+    for (const auto& req : run) EXPECT_NE(bodies[size_t(k)]["prompt"], req.prompt);
+  int matched = 0;
+  for (size_t k = 2; k < bodies.size(); ++k)
+    for (const auto& req : run) matched += bodies[k]["prompt"] == req.prompt;
+  EXPECT_EQ(matched, 3);
+  o.num_warmups = -1;
+  EXPECT_THROW(run_serve_bench(o), std::invalid_argument);
 }

@@ -101,6 +101,7 @@ TEST(ServerHttp, HealthModelsAndUnknownPaths) {
   ASSERT_EQ(mj["data"].size(), 1u);
   EXPECT_EQ(mj["data"][0]["id"], "tiny-test");
   EXPECT_EQ(mj["data"][0]["max_model_len"], 4096);
+  EXPECT_EQ(mj["data"][0]["vocab_size"], v41_tokenizer()->vocab_size());  // the token ids prompts may use
   EXPECT_EQ(fetch(ts.port, "GET", "/v1/models/tiny-test").status, 200);
   auto other = fetch(ts.port, "GET", "/v1/models/gpt-9");
   EXPECT_EQ(other.status, 404);

@@ -9,14 +9,18 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <condition_variable>
 #include <deque>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <random>
 #include <stdexcept>
 #include <unistd.h>
 
 #include "bench/stats.h"
+#include "engine/engine.h"
 
 namespace di::bench {
 
@@ -214,13 +218,14 @@ awaitable<http::response<http::string_body>> http_get(const Shared& sh, const st
   co_return res;
 }
 
-awaitable<std::string> first_model_id(const Shared& sh) {
+// The first model card of GET /v1/models.
+awaitable<nlohmann::json> first_model_card(const Shared& sh) {
   const http::response<http::string_body> res = co_await http_get(sh, "/v1/models");
   const auto j = nlohmann::json::parse(res.body(), nullptr, false);
   if (res.result_int() != 200 || j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
-      !j["data"][0].contains("id"))
-    throw std::runtime_error("GET /v1/models gave no model id (HTTP " + std::to_string(res.result_int()) + "); pass --model");
-  co_return j["data"][0]["id"].get<std::string>();
+      !j["data"][0].is_object())
+    throw std::runtime_error("GET /v1/models gave no model card (HTTP " + std::to_string(res.result_int()) + ")");
+  co_return j["data"][0];
 }
 
 // GET /metrics; the decode counters if the server exposes them (any failure: not available).
@@ -352,7 +357,7 @@ std::vector<ServeRequest> load_serve_requests(const ServeOptions& o) {
   if (o.num_prompts < 1) throw std::invalid_argument("--num-prompts must be >= 1");
   if (o.dataset == "random") {
     if (o.input_len < 1 || o.output_len < 1) throw std::invalid_argument("--input-len and --output-len must be >= 1");
-    if (o.vocab_size < 2) throw std::invalid_argument("--vocab-size must be >= 2");
+    if (!chat && o.vocab_size < 2) throw std::invalid_argument("--vocab-size must be >= 2 (0 asks the server)");
     std::mt19937_64 rng(o.seed);
     std::uniform_int_distribution<int64_t> tok(0, o.vocab_size - 1);
     std::uniform_int_distribution<size_t> word(0, std::size(kWords) - 1);
@@ -490,6 +495,110 @@ ServeMetrics calculate_serve_metrics(const std::vector<RequestOutput>& outputs, 
   return m;
 }
 
+// vLLM's result JSON and report text, from res.outputs and res.metrics.
+void fill_report(ServeResult& res, const ServeOptions& o, const std::string& model, const std::string& backend,
+                 const std::string& title, const std::string& engine_title) {
+  const ServeMetrics& m = res.metrics;
+  nlohmann::json& j = res.json;
+  j["endpoint_type"] = backend;
+  j["backend"] = backend;
+  j["label"] = nullptr;
+  j["model_id"] = model;
+  j["tokenizer_id"] = nullptr;
+  j["num_prompts"] = o.num_prompts;
+  j["request_rate"] = std::isinf(o.request_rate) ? nlohmann::json("inf") : nlohmann::json(o.request_rate);
+  j["burstiness"] = o.burstiness;
+  j["max_concurrency"] = o.max_concurrency > 0 ? nlohmann::json(o.max_concurrency) : nlohmann::json(nullptr);
+  j["duration"] = m.duration;
+  j["completed"] = m.completed;
+  j["failed"] = m.failed;
+  j["total_input_tokens"] = m.total_input;
+  j["total_output_tokens"] = m.total_output;
+  j["request_throughput"] = m.request_throughput;
+  j["request_goodput"] = o.goodput.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.request_goodput);
+  j["output_throughput"] = m.output_throughput;
+  j["total_token_throughput"] = m.total_token_throughput;
+  j["max_output_tokens_per_s"] = m.max_output_tokens_per_s;
+  j["max_concurrent_requests"] = m.max_concurrent_requests;
+  for (const auto& [k, v] : m.latency_ms) j[k] = v;
+  j["dataset"] = o.dataset;
+  j["input_len"] = o.input_len;
+  j["output_len"] = o.output_len;
+  j["vocab_size"] = o.dataset == "random" && o.vocab_size > 0 ? nlohmann::json(o.vocab_size) : nlohmann::json(nullptr);
+  j["seed"] = o.seed;
+  j["num_warmups"] = o.num_warmups;
+  nlohmann::json errors = nlohmann::json::array();
+  for (const auto& out : res.outputs)
+    if (!out.success && errors.size() < 10) errors.push_back(out.error);
+  j["errors"] = errors;
+  // Not in vLLM's result: the engine's own decode steps over the run (deepinfer's /metrics, or the
+  // in-process engine's counters).
+  const EngineDecodeStats& es = res.engine;
+  j["engine_decode_steps"] = es.available ? nlohmann::json(es.steps) : nlohmann::json(nullptr);
+  j["engine_mean_decode_batch"] = es.available && es.steps > 0 ? nlohmann::json(es.mean_batch()) : nlohmann::json(nullptr);
+  j["engine_mean_decode_step_ms"] = es.available && es.steps > 0 ? nlohmann::json(es.mean_step_ms()) : nlohmann::json(nullptr);
+
+  std::string& t = res.text;
+  char buf[256];
+  auto line = [&](const char* label, const std::string& v) {
+    std::snprintf(buf, sizeof buf, "%-40s %-10s\n", label, v.c_str());
+    t += buf;
+  };
+  auto num = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.2f", v);
+    return std::string(b);
+  };
+  auto head = [&](const std::string& s, char c) {
+    const size_t pad = s.size() < 50 ? 50 - s.size() : 0;
+    t += std::string(pad / 2, c) + s + std::string(pad - pad / 2, c) + "\n";
+  };
+  head(title, '=');
+  line("Successful requests:", std::to_string(m.completed));
+  line("Failed requests:", std::to_string(m.failed));
+  if (o.max_concurrency > 0) line("Maximum request concurrency:", std::to_string(o.max_concurrency));
+  if (!std::isinf(o.request_rate)) line("Request rate configured (RPS):", num(o.request_rate));
+  line("Benchmark duration (s):", num(m.duration));
+  line("Total input tokens:", std::to_string(m.total_input));
+  line("Total generated tokens:", std::to_string(m.total_output));
+  line("Request throughput (req/s):", num(m.request_throughput));
+  if (!o.goodput.empty()) line("Request goodput (req/s):", num(m.request_goodput));
+  line("Output token throughput (tok/s):", num(m.output_throughput));
+  line("Peak output token throughput (tok/s):", num(m.max_output_tokens_per_s));
+  line("Peak concurrent requests:", std::to_string(m.max_concurrent_requests));
+  line("Total Token throughput (tok/s):", num(m.total_token_throughput));
+  const std::pair<const char*, const char*> sections[] = {{"ttft", "Time to First Token"},
+                                                          {"tpot", "Time per Output Token (excl. 1st token)"},
+                                                          {"itl", "Inter-token Latency"},
+                                                          {"e2el", "End-to-end Latency"}};
+  for (const auto& [key, section] : sections) {
+    std::string up = key;
+    for (auto& ch : up) ch = char(std::toupper(ch));
+    head(section, '-');
+    line(("Mean " + up + " (ms):").c_str(), num(m.latency_ms.at(std::string("mean_") + key + "_ms")));
+    line(("Median " + up + " (ms):").c_str(), num(m.latency_ms.at(std::string("median_") + key + "_ms")));
+    for (double p : o.percentiles)
+      line(("P" + p_word(p) + " " + up + " (ms):").c_str(), num(m.latency_ms.at("p" + p_word(p) + "_" + key + "_ms")));
+  }
+  if (res.engine.available && res.engine.steps > 0) {
+    head(engine_title, '-');
+    line("Decode steps:", std::to_string(res.engine.steps));
+    line("Mean sequences per decode step:", num(res.engine.mean_batch()));
+    line("Mean decode step (ms):", num(res.engine.mean_step_ms()));
+  }
+  t += std::string(50, '=') + "\n";
+  if (m.failed > 0) t += "first error: " + errors[0].get<std::string>() + "\n";
+}
+
+static std::vector<ServeRequest> warmup_requests(const ServeOptions& o) {
+  if (o.num_warmups < 0) throw std::invalid_argument("--num-warmups must be >= 0");
+  if (o.num_warmups == 0) return {};
+  ServeOptions w = o;
+  w.num_prompts = o.num_warmups;
+  w.seed = o.seed ^ 0x77a3b1f5c2d4e6f8ull;  // other prompts: the run's must not hit the prefix cache
+  return load_serve_requests(w);
+}
+
 ServeResult run_serve_bench(const ServeOptions& o) {
   if (o.max_concurrency < 0) throw std::invalid_argument("--max-concurrency must be >= 0");
   if (!(o.timeout_s > 0)) throw std::invalid_argument("--timeout must be > 0");
@@ -498,11 +607,12 @@ ServeResult run_serve_bench(const ServeOptions& o) {
   const bool chat = o.endpoint == "/v1/chat/completions";
   if (!chat && o.endpoint != "/v1/completions")
     throw std::invalid_argument("--endpoint '" + o.endpoint + "': expected /v1/completions or /v1/chat/completions");
-  const std::vector<ServeRequest> reqs = load_serve_requests(o);
-  const std::vector<double> arrivals = arrival_times(int(reqs.size()), o.request_rate, o.burstiness, o.seed);
+  ServeOptions opts = o;  // vocab_size may come from the server
+  std::vector<ServeRequest> reqs;
+  const bool needs_vocab = o.dataset == "random" && !chat && o.vocab_size == 0;
+  if (!needs_vocab) reqs = load_serve_requests(o);
 
   ServeResult res;
-  res.outputs.resize(reqs.size());
   Shared sh;
   sh.url = parse_url(o.base_url);
   sh.timeout_s = o.timeout_s;
@@ -521,7 +631,39 @@ ServeResult run_serve_bench(const ServeOptions& o) {
         auto ex = co_await asio::this_coro::executor;
         tcp::resolver resolver(ex);
         sh.endpoints = co_await resolver.async_resolve(sh.url.host, sh.url.port, use_awaitable);
-        if (model.empty()) model = co_await first_model_id(sh);
+        if (model.empty() || needs_vocab) {
+          const nlohmann::json card = co_await first_model_card(sh);
+          if (model.empty()) {
+            if (!card.contains("id") || !card["id"].is_string()) throw std::runtime_error("GET /v1/models gave no model id; pass --model");
+            model = card["id"].get<std::string>();
+          }
+          if (needs_vocab) {
+            if (!card.contains("vocab_size") || !card["vocab_size"].is_number_integer() || card["vocab_size"].get<int64_t>() < 2)
+              throw std::runtime_error("GET /v1/models gave no vocab_size (the token ids the server accepts); pass --vocab-size");
+            opts.vocab_size = card["vocab_size"].get<int64_t>();
+            reqs = load_serve_requests(opts);
+          }
+        }
+        const std::vector<double> arrivals = arrival_times(int(reqs.size()), o.request_rate, o.burstiness, o.seed);
+        res.outputs.resize(reqs.size());
+        {  // all at once, so that the run's batch shapes are already met
+          const std::vector<ServeRequest> warmups = warmup_requests(opts);
+          int left = int(warmups.size());
+          std::string warm_error;
+          asio::steady_timer warm_done(ex, Clock::time_point::max());
+          for (const ServeRequest& w : warmups)
+            asio::co_spawn(
+                ex,
+                [&, body = request_body(o, model, w, chat)]() mutable -> awaitable<void> {
+                  const RequestOutput out = co_await stream_request(sh, target, std::move(body));
+                  if (!out.success && warm_error.empty()) warm_error = out.error;
+                  if (--left == 0) warm_done.cancel();
+                },
+                asio::detached);
+          boost::system::error_code ec;
+          if (left > 0) co_await warm_done.async_wait(asio::redirect_error(use_awaitable, ec));
+          if (!warm_error.empty()) throw std::runtime_error("warm-up request failed: " + warm_error);
+        }
         engine_before = co_await engine_decode_counters(sh);
         Semaphore sem(ex, o.max_concurrency > 0 ? o.max_concurrency : int(reqs.size()));
         int remaining = int(reqs.size()), finished = 0;
@@ -565,94 +707,201 @@ ServeResult run_serve_bench(const ServeOptions& o) {
   if (failure) std::rethrow_exception(failure);
 
   res.metrics = calculate_serve_metrics(res.outputs, duration, o.goodput, o.percentiles);
-  const ServeMetrics& m = res.metrics;
-  nlohmann::json& j = res.json;
-  j["endpoint_type"] = chat ? "openai-chat" : "openai";
-  j["backend"] = chat ? "openai-chat" : "openai";
-  j["label"] = nullptr;
-  j["model_id"] = model;
-  j["tokenizer_id"] = nullptr;
-  j["num_prompts"] = o.num_prompts;
-  j["request_rate"] = std::isinf(o.request_rate) ? nlohmann::json("inf") : nlohmann::json(o.request_rate);
-  j["burstiness"] = o.burstiness;
-  j["max_concurrency"] = o.max_concurrency > 0 ? nlohmann::json(o.max_concurrency) : nlohmann::json(nullptr);
-  j["duration"] = m.duration;
-  j["completed"] = m.completed;
-  j["failed"] = m.failed;
-  j["total_input_tokens"] = m.total_input;
-  j["total_output_tokens"] = m.total_output;
-  j["request_throughput"] = m.request_throughput;
-  j["request_goodput"] = o.goodput.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.request_goodput);
-  j["output_throughput"] = m.output_throughput;
-  j["total_token_throughput"] = m.total_token_throughput;
-  j["max_output_tokens_per_s"] = m.max_output_tokens_per_s;
-  j["max_concurrent_requests"] = m.max_concurrent_requests;
-  for (const auto& [k, v] : m.latency_ms) j[k] = v;
-  j["dataset"] = o.dataset;
-  j["input_len"] = o.input_len;
-  j["output_len"] = o.output_len;
-  j["seed"] = o.seed;
-  nlohmann::json errors = nlohmann::json::array();
-  for (const auto& out : res.outputs)
-    if (!out.success && errors.size() < 10) errors.push_back(out.error);
-  j["errors"] = errors;
-  // Not in vLLM's result: the server's own decode steps over the run (deepinfer's /metrics).
-  const EngineDecodeStats& es = res.engine;
-  j["engine_decode_steps"] = es.available ? nlohmann::json(es.steps) : nlohmann::json(nullptr);
-  j["engine_mean_decode_batch"] = es.available && es.steps > 0 ? nlohmann::json(es.mean_batch()) : nlohmann::json(nullptr);
-  j["engine_mean_decode_step_ms"] = es.available && es.steps > 0 ? nlohmann::json(es.mean_step_ms()) : nlohmann::json(nullptr);
+  fill_report(res, opts, model, chat ? "openai-chat" : "openai", " Serving Benchmark Result ",
+              "Engine decode steps (server /metrics)");
+  return res;
+}
 
-  std::string& t = res.text;
-  char buf[256];
-  auto line = [&](const char* label, const std::string& v) {
-    std::snprintf(buf, sizeof buf, "%-40s %-10s\n", label, v.c_str());
-    t += buf;
+namespace {
+
+// Collects one request's token events (engine thread) the way stream_request reads SSE chunks.
+struct BenchSink : engine::RequestSink {
+  std::mutex* mu = nullptr;
+  std::condition_variable* cv = nullptr;
+  int* finished = nullptr;
+  Clock::time_point start, last;
+  RequestOutput out;
+  bool first = false;
+
+  void on_token(const engine::TokenEvent&) override {
+    const Clock::time_point now = Clock::now();
+    std::lock_guard lk(*mu);
+    if (!first) {
+      first = true;
+      out.ttft = seconds(start, now);
+    } else {
+      out.itl.push_back(seconds(last, now));
+    }
+    last = now;
+    ++out.output_tokens;
+  }
+  void on_finish(const engine::FinishEvent& f) override {
+    std::lock_guard lk(*mu);
+    if (f.reason != engine::FinishReason::Stop && f.reason != engine::FinishReason::Length) {
+      out.error = std::string("finished with ") + engine::finish_reason_name(f.reason) + (f.error.empty() ? "" : ": " + f.error);
+    } else if (!first) {
+      out.error = "finished without a token";
+    } else {
+      out.latency = seconds(start, last);
+      out.success = true;
+    }
+    ++*finished;
+    cv->notify_all();
+  }
+};
+
+}  // namespace
+
+ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
+  if (o.max_concurrency < 0) throw std::invalid_argument("--max-concurrency must be >= 0");
+  for (double p : o.percentiles)
+    if (!(p >= 0 && p <= 100)) throw std::invalid_argument("--metric-percentiles: " + std::to_string(p) + " is not in [0, 100]");
+  if (o.endpoint != "/v1/completions") throw std::invalid_argument("in-process engine runs take token-id prompts: use --endpoint /v1/completions");
+  if (!o.extra_body.empty()) throw std::invalid_argument("--extra-body applies to HTTP requests only, not to the in-process engine");
+  ServeOptions opts = o;
+  if (opts.vocab_size == 0) opts.vocab_size = eng.model().sampleable_vocab();
+  const std::vector<ServeRequest> reqs = load_serve_requests(opts);
+  for (const auto& r : reqs)
+    if (!r.prompt.is_array()) throw std::invalid_argument("in-process engine runs take token-id prompts, not text");
+  const std::vector<double> arrivals = arrival_times(int(reqs.size()), o.request_rate, o.burstiness, o.seed);
+  const int limit = o.max_concurrency > 0 ? o.max_concurrency : int(reqs.size());
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0, submitted = 0, accepted = 0;
+  std::vector<std::shared_ptr<BenchSink>> sinks(reqs.size());
+  const std::vector<ServeRequest> warmups = warmup_requests(opts);
+  const int64_t finished_before_warmups = eng.stats().requests_finished;
+  {  // all at once, so that the run's batch shapes are already met
+    int done = 0;
+    std::vector<std::shared_ptr<BenchSink>> wsinks;
+    for (const ServeRequest& w : warmups) {
+      engine::RequestParams p;
+      p.prompt = w.prompt.get<std::vector<int32_t>>();
+      p.max_tokens = w.output_len;
+      p.ignore_eos = o.ignore_eos;
+      p.sampling.temperature = float(o.temperature);
+      auto sink = std::make_shared<BenchSink>();
+      sink->mu = &mu;
+      sink->cv = &cv;
+      sink->finished = &done;
+      wsinks.push_back(sink);
+      const engine::SubmitResult sr = eng.submit(std::move(p), sink);
+      if (sr.error != engine::SubmitError::None) throw std::runtime_error("warm-up request refused: " + sr.message);
+    }
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done == int(wsinks.size()); });
+    for (const auto& w : wsinks)
+      if (!w->out.success) throw std::runtime_error("warm-up request failed: " + w->out.error);
+  }
+  engine::EngineStats before = eng.stats();
+  for (int k = 0; k < 1000 && before.requests_finished - finished_before_warmups < int64_t(warmups.size()); ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    before = eng.stats();
+  }
+  const Clock::time_point origin = Clock::now();
+  int shown = -1;
+  auto wait_for = [&](auto done) {  // with the progress bar going while it waits
+    std::unique_lock lk(mu);
+    while (!cv.wait_for(lk, std::chrono::milliseconds(200), done))
+      if (o.progress && finished != shown) print_progress(shown = finished, int(reqs.size()), seconds(origin, Clock::now()));
   };
-  auto num = [](double v) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::this_thread::sleep_until(origin + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+    wait_for([&] { return submitted - finished < limit; });
+    engine::RequestParams p;
+    p.prompt = reqs[i].prompt.get<std::vector<int32_t>>();
+    p.max_tokens = reqs[i].output_len;
+    p.ignore_eos = o.ignore_eos;
+    p.sampling.temperature = float(o.temperature);
+    auto sink = std::make_shared<BenchSink>();
+    sink->mu = &mu;
+    sink->cv = &cv;
+    sink->finished = &finished;
+    sink->start = sink->last = Clock::now();
+    sink->out.start_time = seconds(origin, sink->start);
+    sink->out.prompt_len = int(p.prompt.size());
+    sinks[i] = sink;
+    const engine::SubmitResult sr = eng.submit(std::move(p), sink);
+    std::lock_guard lk(mu);
+    ++submitted;
+    if (sr.error == engine::SubmitError::None) ++accepted;
+    if (sr.error != engine::SubmitError::None) {
+      sink->out.error = "submit refused: " + (sr.message.empty() ? std::string("error ") + std::to_string(int(sr.error)) : sr.message);
+      ++finished;
+    }
+  }
+  wait_for([&] { return finished == int(reqs.size()); });
+  const double duration = seconds(origin, Clock::now());
+  if (o.progress) print_progress(int(reqs.size()), int(reqs.size()), duration);
+  // The engine publishes its counters after the step whose events finished the last request.
+  engine::EngineStats after = eng.stats();
+  for (int k = 0; k < 1000 && after.requests_finished - before.requests_finished < accepted; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    after = eng.stats();
+  }
+
+  ServeResult res;
+  res.outputs.reserve(reqs.size());
+  {
+    std::lock_guard lk(mu);
+    for (const auto& s : sinks) res.outputs.push_back(s->out);
+  }
+  res.engine.available = true;
+  res.engine.steps = after.decode_steps - before.decode_steps;
+  res.engine.rows = after.decode_rows - before.decode_rows;
+  res.engine.seconds = after.decode_seconds - before.decode_seconds;
+  res.metrics = calculate_serve_metrics(res.outputs, duration, o.goodput, o.percentiles);
+  fill_report(res, opts, o.model, "deepinfer-engine", " Engine Benchmark Result (in-process) ", "Engine decode steps");
+  return res;
+}
+
+nlohmann::json compare_serve_engine(const ServeResult& server, const ServeResult& engine) {
+  nlohmann::json c;
+  const double s = server.metrics.output_throughput, e = engine.metrics.output_throughput;
+  c["server_output_throughput"] = s;
+  c["engine_output_throughput"] = e;
+  // Server tok/s / engine tok/s: 1 = no overhead; the target is >= 0.9.
+  c["server_over_engine_output_throughput"] = e > 0 ? nlohmann::json(s / e) : nlohmann::json(nullptr);
+  for (const char* k : {"median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms"}) {
+    const auto get = [&](const ServeResult& r) {
+      const auto it = r.metrics.latency_ms.find(k);
+      return it == r.metrics.latency_ms.end() ? nlohmann::json(nullptr) : nlohmann::json(it->second);
+    };
+    c[std::string("server_") + k] = get(server);
+    c[std::string("engine_") + k] = get(engine);
+  }
+  c["server"] = server.json;
+  c["engine"] = engine.json;
+  return c;
+}
+
+std::string compare_text(const nlohmann::json& c) {
+  std::string t;
+  char buf[256];
+  auto cell = [](const nlohmann::json& v) {
     char b[64];
-    std::snprintf(b, sizeof b, "%.2f", v);
+    if (v.is_number()) std::snprintf(b, sizeof b, "%.2f", v.get<double>());
+    else std::snprintf(b, sizeof b, "-");
     return std::string(b);
   };
-  auto head = [&](const std::string& s, char c) {
-    const size_t pad = s.size() < 50 ? 50 - s.size() : 0;
-    t += std::string(pad / 2, c) + s + std::string(pad - pad / 2, c) + "\n";
-  };
-  head(" Serving Benchmark Result ", '=');
-  line("Successful requests:", std::to_string(m.completed));
-  line("Failed requests:", std::to_string(m.failed));
-  if (o.max_concurrency > 0) line("Maximum request concurrency:", std::to_string(o.max_concurrency));
-  if (!std::isinf(o.request_rate)) line("Request rate configured (RPS):", num(o.request_rate));
-  line("Benchmark duration (s):", num(m.duration));
-  line("Total input tokens:", std::to_string(m.total_input));
-  line("Total generated tokens:", std::to_string(m.total_output));
-  line("Request throughput (req/s):", num(m.request_throughput));
-  if (!o.goodput.empty()) line("Request goodput (req/s):", num(m.request_goodput));
-  line("Output token throughput (tok/s):", num(m.output_throughput));
-  line("Peak output token throughput (tok/s):", num(m.max_output_tokens_per_s));
-  line("Peak concurrent requests:", std::to_string(m.max_concurrent_requests));
-  line("Total Token throughput (tok/s):", num(m.total_token_throughput));
-  const std::pair<const char*, const char*> sections[] = {{"ttft", "Time to First Token"},
-                                                          {"tpot", "Time per Output Token (excl. 1st token)"},
-                                                          {"itl", "Inter-token Latency"},
-                                                          {"e2el", "End-to-end Latency"}};
-  for (const auto& [key, title] : sections) {
-    std::string up = key;
-    for (auto& ch : up) ch = char(std::toupper(ch));
-    head(title, '-');
-    line(("Mean " + up + " (ms):").c_str(), num(m.latency_ms.at(std::string("mean_") + key + "_ms")));
-    line(("Median " + up + " (ms):").c_str(), num(m.latency_ms.at(std::string("median_") + key + "_ms")));
-    for (double p : o.percentiles)
-      line(("P" + p_word(p) + " " + up + " (ms):").c_str(), num(m.latency_ms.at("p" + p_word(p) + "_" + key + "_ms")));
+  t += "============ Server vs in-process engine ============\n";
+  std::snprintf(buf, sizeof buf, "%-26s %12s %12s\n", "", "server", "engine");
+  t += buf;
+  std::snprintf(buf, sizeof buf, "%-26s %12s %12s\n", "Output tok/s", cell(c["server_output_throughput"]).c_str(),
+                cell(c["engine_output_throughput"]).c_str());
+  t += buf;
+  for (const auto& [k, label] : std::vector<std::pair<std::string, std::string>>{{"median_ttft_ms", "Median TTFT (ms)"},
+                                                                                  {"p99_ttft_ms", "P99 TTFT (ms)"},
+                                                                                  {"median_tpot_ms", "Median TPOT (ms)"},
+                                                                                  {"p99_tpot_ms", "P99 TPOT (ms)"}}) {
+    std::snprintf(buf, sizeof buf, "%-26s %12s %12s\n", label.c_str(), cell(c["server_" + k]).c_str(), cell(c["engine_" + k]).c_str());
+    t += buf;
   }
-  if (res.engine.available && res.engine.steps > 0) {
-    head("Engine decode steps (server /metrics)", '-');
-    line("Decode steps:", std::to_string(res.engine.steps));
-    line("Mean sequences per decode step:", num(res.engine.mean_batch()));
-    line("Mean decode step (ms):", num(res.engine.mean_step_ms()));
-  }
-  t += std::string(50, '=') + "\n";
-  if (m.failed > 0) t += "first error: " + errors[0].get<std::string>() + "\n";
-  return res;
+  std::snprintf(buf, sizeof buf, "%-26s %12s\n", "Server / engine tok/s", cell(c["server_over_engine_output_throughput"]).c_str());
+  t += buf;
+  t += std::string(53, '=') + "\n";
+  return t;
 }
 
 }  // namespace di::bench

@@ -19,6 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace di::engine {
+class Engine;
+}
+
 namespace di::bench {
 
 struct ServeRequest {
@@ -35,11 +39,16 @@ struct ServeOptions {
   std::string dataset = "random";  // "random" or "jsonl" (with dataset_path)
   std::string dataset_path;
   int input_len = 512, output_len = 128;
-  int64_t vocab_size = 129280;  // random token ids are drawn from [0, vocab_size)
+  // Random token ids are drawn from [0, vocab_size); 0 = the ids the target accepts: the "vocab_size"
+  // of the server's GET /v1/models card, or the in-process engine's sampleable vocabulary.
+  int64_t vocab_size = 0;
   int num_prompts = 100;
   double request_rate = std::numeric_limits<double>::infinity();  // requests/s; inf = all at once
   double burstiness = 1.0;       // 1 = Poisson arrivals; gamma-distributed gaps otherwise
   int max_concurrency = 0;       // 0 = unlimited
+  // Untimed requests sent all at once before the run (first-touch page faults, workspace growth),
+  // drawn like the run's with another seed; not in the results.
+  int num_warmups = 0;
   std::map<std::string, double> goodput;  // SLOs in ms: ttft, tpot, e2el
   std::vector<double> percentiles{90, 99};
   bool ignore_eos = true;
@@ -111,5 +120,16 @@ struct ServeResult {
 };
 
 ServeResult run_serve_bench(const ServeOptions& o);
+
+// The same requests submitted straight to an engine in this process (no HTTP, no JSON, no
+// tokenizer), with the same arrivals and concurrency limit and the same metric definitions (TTFT at
+// the first token event, ITL between token events, E2EL at the last). The server's overhead is
+// run_serve_bench's output throughput over this one's. Token-id prompts only (the random dataset
+// on /v1/completions, or JSONL id arrays); base_url and extra_body do not apply.
+ServeResult run_engine_bench(engine::Engine& engine, const ServeOptions& o);
+
+// Side by side: the HTTP run over the in-process run (output throughput ratio, TTFT/TPOT of both).
+nlohmann::json compare_serve_engine(const ServeResult& server, const ServeResult& engine);
+std::string compare_text(const nlohmann::json& comparison);
 
 }  // namespace di::bench

@@ -1,5 +1,6 @@
 // `deepinfer bench` (model throughput against the roofline) and `deepinfer bench serve` (an
-// OpenAI-compatible serving client). docs/performance.md explains the numbers.
+// OpenAI-compatible serving client, or the same load on an in-process engine to measure the server's
+// overhead). docs/performance.md explains the numbers.
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -8,15 +9,20 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "bench/model_bench.h"
 #include "bench/serve_bench.h"
 #include "cli/commands.h"
+#include "engine/engine.h"
 #include "kernels/cpu/kernels.h"
 #include "model/v41/model.h"
 #include "model/v41/tiny_generator.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
 
 namespace di::cli {
 
@@ -122,7 +128,49 @@ struct ServeArgs {
   std::string json_file, percentiles = "90,99", extra_body;
   double request_rate = 0;
   bool no_ignore_eos = false, no_progress = false;
+  // In-process runs: the model, and the engine settings `deepinfer serve` takes (same defaults).
+  std::string in_process, numerics;
+  int num_warmups = -1;  // -1: with --in-process as many as --max-concurrency (at least 1), else 0
+  bool compare = false;
+  engine::EngineOptions engine;
+  double cache_mib = 1024;
 };
+
+std::string dir_name(const std::string& dir) {
+  auto p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+// The same requests through an HTTP server in this process, on a fresh engine over `model`, the way
+// `deepinfer serve` wires one (127.0.0.1, a free port).
+bench::ServeResult serve_in_process(std::shared_ptr<const v41::Model> model, const std::string& dir,
+                                    const engine::EngineOptions& eo, bench::ServeOptions o) {
+  server::ServerOptions so;
+  so.http.host = "127.0.0.1";
+  so.http.port = 0;
+  so.served_model_name = o.model;
+  server::Server srv(so, [&](const std::atomic<bool>&) {
+    server::LoadedModel lm;
+    lm.model.tokenizer = Tokenizer::from_file((fs::path(dir) / "tokenizer.json").string());
+    const auto& cfg = model->config();
+    lm.model.vocab_size = int32_t(model->sampleable_vocab());
+    lm.model.bos_id = int32_t(cfg.bos_token_id);
+    lm.model.eos_id = int32_t(cfg.eos_token_id);
+    lm.model.max_context = eo.max_context > 0 ? eo.max_context : int64_t(cfg.max_position_embeddings);
+    lm.engine = engine::Engine::create(model, eo);
+    return lm;
+  });
+  srv.start();
+  while (!srv.ready()) {
+    if (srv.failed()) throw std::runtime_error("in-process server: " + srv.load_error());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  o.base_url = "http://127.0.0.1:" + std::to_string(srv.port());
+  bench::ServeResult r = bench::run_serve_bench(o);
+  srv.stop();
+  return r;
+}
 
 void run_serve(ServeArgs& a) {
   bench::ServeOptions o = a.o;
@@ -130,6 +178,7 @@ void run_serve(ServeArgs& a) {
   o.goodput = bench::parse_goodput(a.goodput);
   o.ignore_eos = !a.no_ignore_eos;
   o.progress = !a.no_progress;
+  o.num_warmups = a.num_warmups >= 0 ? a.num_warmups : a.in_process.empty() ? 0 : std::max(1, o.max_concurrency);
   if (!o.dataset_path.empty()) o.dataset = "jsonl";
   o.percentiles.clear();
   std::stringstream ss(a.percentiles);
@@ -148,14 +197,48 @@ void run_serve(ServeArgs& a) {
     }
     if (!o.extra_body.is_object()) throw std::invalid_argument("--extra-body: must be a JSON object");
   }
-  bench::ServeResult r = bench::run_serve_bench(o);
-  r.json["date"] = utc_now();
-  r.json["command"] = command_line();
-  std::printf("%s", r.text.c_str());
+  nlohmann::json out;
+  if (a.in_process.empty()) {
+    if (a.compare) throw std::invalid_argument("--compare needs --in-process MODEL_DIR");
+    bench::ServeResult r = bench::run_serve_bench(o);
+    std::printf("%s", r.text.c_str());
+    out = r.json;
+  } else {
+    if (o.model.empty()) o.model = dir_name(a.in_process);
+    v41::LoadOptions lo;
+    lo.numerics = resolve_numerics(a.numerics);
+    std::shared_ptr<const v41::Model> model = v41::Model::load(a.in_process, lo);
+    engine::EngineOptions eo = a.engine;
+    eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
+    // With --compare the server runs first: whatever the first run leaves warm (mapped weights,
+    // allocations) then favours the engine, so the ratio errs low rather than high.
+    std::optional<bench::ServeResult> sr;
+    if (a.compare) {
+      sr = serve_in_process(model, a.in_process, eo, o);
+      sr->json["numerics"] = numerics_name(model->numerics());
+      std::printf("%s", sr->text.c_str());
+      std::fflush(stdout);
+    }
+    bench::ServeResult er;
+    {
+      auto eng = engine::Engine::create(model, eo);
+      er = bench::run_engine_bench(*eng, o);
+      eng->shutdown();
+    }
+    er.json["numerics"] = numerics_name(model->numerics());
+    std::printf("%s", er.text.c_str());
+    out = er.json;
+    if (sr) {
+      out = bench::compare_serve_engine(*sr, er);
+      std::printf("%s", bench::compare_text(out).c_str());
+    }
+  }
+  out["date"] = utc_now();
+  out["command"] = command_line();
   if (!a.json_file.empty()) {
     std::ofstream f(a.json_file);
     if (!f) throw std::runtime_error(a.json_file + ": cannot write");
-    f << r.json.dump(2) << "\n";
+    f << out.dump(2) << "\n";
   }
 }
 
@@ -202,7 +285,9 @@ void add_bench(CLI::App& app) {
   serve->add_option("--input-len", s->o.input_len, "random dataset: prompt tokens")->capture_default_str();
   serve->add_option("--output-len", s->o.output_len, "max_tokens (random dataset, and JSONL lines without one)")
       ->capture_default_str();
-  serve->add_option("--vocab-size", s->o.vocab_size, "random token ids are drawn below this")->capture_default_str();
+  serve->add_option("--vocab-size", s->o.vocab_size,
+                    "random token ids are drawn below this (0 = the ids the target accepts: /v1/models vocab_size)")
+      ->capture_default_str();
   serve->add_option("--num-prompts", s->o.num_prompts, "requests")->capture_default_str();
   serve->add_option("--request-rate", s->request_rate, "requests per second, Poisson arrivals (default: all at once)");
   serve->add_option("--burstiness", s->o.burstiness, "gamma shape of the arrival gaps (1 = Poisson)")->capture_default_str();
@@ -215,8 +300,23 @@ void add_bench(CLI::App& app) {
   serve->add_flag("--no-ignore-eos", s->no_ignore_eos, "do not send ignore_eos (outputs may end early)");
   serve->add_option("--json", s->json_file, "write the result JSON (vLLM's field names) to this file");
   serve->add_option("--seed", s->o.seed, "seed of the dataset and the arrivals")->capture_default_str();
+  serve->add_option("--num-warmups", s->num_warmups,
+                    "untimed requests, all at once, before the run (default: --max-concurrency of them, at least 1, "
+                    "with --in-process; else 0)");
   serve->add_option("--timeout", s->o.timeout_s, "per-request timeout, seconds")->capture_default_str();
   serve->add_flag("--no-progress", s->no_progress, "no progress bar");
+  serve->add_option("--in-process", s->in_process,
+                    "MODEL_DIR: submit the requests straight to an engine in this process instead of a server "
+                    "(token-id prompts; the engine options below are `deepinfer serve`'s)");
+  serve->add_flag("--compare", s->compare,
+                  "with --in-process: then run the same requests through an HTTP server in this process on the same "
+                  "model, and print server tok/s / engine tok/s");
+  serve->add_option("--threads", s->engine.threads, "in-process: kernel threads (0 = all cores)")->capture_default_str();
+  serve->add_option("--max-batch-tokens", s->engine.max_batch_tokens, "in-process: token budget per engine step")
+      ->capture_default_str();
+  serve->add_option("--max-running", s->engine.max_running, "in-process: sequences decoding at once")->capture_default_str();
+  serve->add_option("--cache-mib", s->cache_mib, "in-process: KV cache pool budget in MiB")->capture_default_str();
+  serve->add_option("--numerics", s->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
   serve->callback([s] { run_serve(*s); });
   cmd->callback([m, serve] {
     if (serve->parsed()) return;

@@ -292,7 +292,10 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
   }
   if (path == "/v1/models" || model_path) {
     nlohmann::json card = {{"id", opt_.served_model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "deepinfer"}};
-    if (ctx) card["max_model_len"] = ctx->model.max_context;
+    if (ctx) {
+      card["max_model_len"] = ctx->model.max_context;
+      card["vocab_size"] = ctx->model.vocab_size;  // prompts may use token ids in [0, vocab_size)
+    }
     if (model_path) {
       if (path.substr(11) != opt_.served_model_name) {
         ApiError e;

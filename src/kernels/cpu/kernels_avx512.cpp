@@ -583,7 +583,7 @@ void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales
 }
 
 // Software prefetch distance for streamed weights: the hardware prefetchers alone leave one core
-// well below its share of the memory bandwidth on the machines measured (docs/performance.md).
+// well below its share of the memory bandwidth on the machines measured (docs/kernels.md).
 constexpr int64_t kPrefetchBytes = 2048;
 
 // M (1-3) rows on repacked weights: converts each pair in registers once and feeds vdpbf16ps for
@@ -640,7 +640,7 @@ void q1_panels(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int6
 
 // Panels of P at a time, the chunk's remainder as one group of fewer (no repeated panels). The P
 // panels of a pass come from the P equal parts of the chunk: P memory streams per thread, not one
-// (a core keeps more reads in flight over several streams; docs/performance.md). Each panel's
+// (a core keeps more reads in flight over several streams; docs/kernels.md). Each panel's
 // arithmetic is unchanged.
 template <int M, int P, class Cvt, class Scale>
 void q1_chunk(const uint16_t* xq, const float* sa, int64_t nkb, int64_t N, int64_t p0, int64_t p1, const uint8_t* packed,
