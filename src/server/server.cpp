@@ -201,7 +201,6 @@ bool method_allowed(std::string_view methods, std::string_view method) {
 void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
   const auto arrival = std::chrono::steady_clock::now();
   const std::string path = req.target;
-  const bool is_v1 = path.rfind("/v1/", 0) == 0;
 
   const char* allowed = nullptr;
   for (const auto& r : kRoutes)
@@ -246,19 +245,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     e.headers.emplace_back("Allow", allowed);
     return respond_error(*ex, endpoint, e);
   }
-  const bool tokenizer_path = path == "/tokenize" || path == "/detokenize";
-  if ((is_v1 || tokenizer_path) && !opt_.api_key.empty()) {
-    const std::string prefix = "Bearer ";
-    const bool ok = req.authorization.size() > prefix.size() && req.authorization.compare(0, prefix.size(), prefix) == 0 &&
-                    constant_time_equal(req.authorization.substr(prefix.size()), opt_.api_key);
-    if (!ok) {
-      ApiError e;
-      e.status = 401;
-      e.code = "invalid_api_key";
-      e.message = req.authorization.empty() ? "Missing API key: send 'Authorization: Bearer <key>'" : "Incorrect API key provided";
-      return respond_error(*ex, endpoint, e);
-    }
-  }
+  if (auto e = check_key(path, req.authorization)) return respond_error(*ex, endpoint, *e);
 
   const State state = state_.load();
   std::shared_ptr<const ServingContext> ctx;
@@ -378,21 +365,29 @@ const char* version_string() { return DI_VERSION; }
 // key, without the right key, is refused here, so unauthenticated clients cannot make the server
 // buffer bodies. Requests without a body go through handle(), which answers them the same way.
 std::optional<HttpRejection> Server::check_headers(const HttpHeaderView& h) {
-  const bool protected_target = h.target.rfind("/v1/", 0) == 0 || h.target == "/tokenize" || h.target == "/detokenize";
-  if (opt_.api_key.empty() || !h.has_body() || !protected_target) return std::nullopt;
-  const std::string_view prefix = "Bearer ";
-  const std::string_view auth = h.authorization;
-  if (auth.size() > prefix.size() && auth.substr(0, prefix.size()) == prefix &&
-      constant_time_equal(std::string(auth.substr(prefix.size())), opt_.api_key))
-    return std::nullopt;
-  ApiError e;
-  e.status = 401;
-  e.code = "invalid_api_key";
-  e.message = auth.empty() ? "Missing API key: send 'Authorization: Bearer <key>'" : "Incorrect API key provided";
+  if (!h.has_body()) return std::nullopt;
+  std::optional<ApiError> err = check_key(h.target, h.authorization);
+  if (!err) return std::nullopt;
+  ApiError& e = *err;
   const bool counted = h.target == "/v1/chat/completions" || h.target == "/v1/completions";
   metrics_.count_request(counted ? std::string(h.target) : "other", 401);
   for (auto& hdr : cors_headers(h.origin)) e.headers.push_back(std::move(hdr));
   return HttpRejection{e.status, error_body(e), "application/json", e.headers};
+}
+
+// The API key, where one is set, guards /v1/* and the tokenizer endpoints (not /health, /metrics, /version).
+std::optional<ApiError> Server::check_key(std::string_view target, std::string_view authorization) const {
+  const bool guarded = target.rfind("/v1/", 0) == 0 || target == "/tokenize" || target == "/detokenize";
+  if (opt_.api_key.empty() || !guarded) return std::nullopt;
+  const std::string_view prefix = "Bearer ";
+  if (authorization.size() > prefix.size() && authorization.substr(0, prefix.size()) == prefix &&
+      constant_time_equal(std::string(authorization.substr(prefix.size())), opt_.api_key))
+    return std::nullopt;
+  ApiError e;
+  e.status = 401;
+  e.code = "invalid_api_key";
+  e.message = authorization.empty() ? "Missing API key: send 'Authorization: Bearer <key>'" : "Incorrect API key provided";
+  return e;
 }
 
 // CORS, opt-in: only a listed origin is told it may read the response.

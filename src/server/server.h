@@ -71,6 +71,7 @@ class Server {
   enum class State { Loading, Ready, Failed, Draining, Stopped };
   void respond_error(HttpExchange& ex, const std::string& endpoint, const ApiError& e);
   std::vector<std::pair<std::string, std::string>> cors_headers(std::string_view origin) const;
+  std::optional<ApiError> check_key(std::string_view target, std::string_view authorization) const;
   // Runs `job` on a parse worker; answers 503 itself when the queue is full.
   void offload(HttpExchange& ex, const std::string& endpoint, std::function<void()> job);
 
