@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <thread>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -77,8 +78,14 @@ TEST(NonFiniteLogits, EngineFailsTheRequestAndCountsIt) {
     EXPECT_NE(rec->finish[size_t(c)]->error.find("non-finite"), std::string::npos) << rec->finish[size_t(c)]->error;
     EXPECT_TRUE(rec->tokens[size_t(c)].empty());
   }
-  EXPECT_EQ(engine->stats().nonfinite_logits, 1);
-  EXPECT_EQ(engine->stats().cache_pages_used, 0);
+  // The statistics are published after the step whose events the recorder saw.
+  engine::EngineStats st = engine->stats();
+  for (int i = 0; i < 500 && st.nonfinite_logits == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    st = engine->stats();
+  }
+  EXPECT_EQ(st.nonfinite_logits, 1);
+  EXPECT_EQ(st.cache_pages_used, 0);
 }
 
 TEST(NonFiniteLogits, GenerateExitsNonZero) {
