@@ -2479,7 +2479,6 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
 void act_qdq_fp4_e8m0(float* x, int64_t n) {
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int(0x80000000u)));
   constexpr float kMids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f}, kVals[7] = {0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  constexpr int kCmp[7] = {_CMP_GT_OQ, _CMP_GE_OQ, _CMP_GT_OQ, _CMP_GE_OQ, _CMP_GT_OQ, _CMP_GE_OQ, _CMP_GT_OQ};
   int64_t b0 = 0;
   for (; b0 + 32 <= n; b0 += 32) {
     __m512 v[2] = {_mm512_loadu_ps(x + b0), _mm512_loadu_ps(x + b0 + 16)};
@@ -2493,8 +2492,13 @@ void act_qdq_fp4_e8m0(float* x, int64_t n) {
       const __m512 a = _mm512_abs_ps(q);
       __m512 r = _mm512_setzero_ps();
 #pragma GCC unroll 7
-      for (int i = 0; i < 7; ++i)
-        r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, _mm512_set1_ps(kMids[i]), kCmp[i]), _mm512_set1_ps(kVals[i]));
+      for (int i = 0; i < 7; ++i) {
+        // A tie goes to the even code: up ('>=') where the upper value's code is even, else '>'. The
+        // predicates are literals: immediates even where the loop is not unrolled (sanitizer builds).
+        const __m512 mid = _mm512_set1_ps(kMids[i]);
+        const __mmask16 up = (i & 1) ? _mm512_cmp_ps_mask(a, mid, _CMP_GE_OQ) : _mm512_cmp_ps_mask(a, mid, _CMP_GT_OQ);
+        r = _mm512_mask_mov_ps(r, up, _mm512_set1_ps(kVals[i]));
+      }
       r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_set1_ps(6.f));
       _mm512_storeu_ps(x + b0 + 16 * h, _mm512_mul_ps(_mm512_or_ps(r, _mm512_and_ps(q, sign)), sv));
     }
