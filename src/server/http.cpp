@@ -202,7 +202,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   auto executor() { return stream_.get_executor(); }
   bool on_strand() {
-    auto* strand = stream_.get_executor().target<net::strand<net::io_context::executor_type>>();
+    // target() points into the executor object: keep it alive while the pointer is used.
+    const auto ex = stream_.get_executor();
+    auto* strand = ex.target<net::strand<net::io_context::executor_type>>();
     return strand && strand->running_in_this_thread();
   }
 
