@@ -15,6 +15,7 @@
 #include <deque>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,9 +25,11 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "server/server.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/v41_vocab.h"
@@ -379,5 +382,44 @@ inline std::vector<std::string> sse_data(const std::string& body) {
   }
   return out;
 }
+
+// A Server in this process over a FakeEngine (tiny-test, the V4.1 tokenizer, 4,096-token context).
+// With a `gate`, the model "loads" only once the gate opens (call wait_ready() after).
+struct TestServer {
+  std::shared_ptr<FakeEngine> engine;
+  std::unique_ptr<server::Server> srv;
+  uint16_t port = 0;
+
+  explicit TestServer(FakeEngineOptions fo, const std::function<void(server::ServerOptions&)>& tweak = {},
+                      std::shared_future<void> gate = {}) {
+    server::ServerOptions so;
+    so.http.port = 0;
+    so.served_model_name = "tiny-test";
+    so.sse_keepalive_s = 0;
+    so.test_hooks = true;
+    if (tweak) tweak(so);
+    engine = std::make_shared<FakeEngine>(std::move(fo));
+    auto eng = engine;
+    srv = std::make_unique<server::Server>(so, [eng, gate](const std::atomic<bool>&) {
+      if (gate.valid()) gate.wait();
+      server::LoadedModel lm;
+      lm.engine = eng;
+      lm.model.tokenizer = v41_tokenizer();
+      lm.model.vocab_size = lm.model.tokenizer->vocab_size();
+      lm.model.bos_id = 0;
+      lm.model.eos_id = 1;
+      lm.model.max_context = 4096;
+      return lm;
+    });
+    srv->start();
+    port = srv->port();
+    if (!gate.valid()) wait_ready();
+  }
+  void wait_ready() {
+    for (int i = 0; i < 500 && !srv->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(srv->ready());
+  }
+  ~TestServer() { srv->stop(); }
+};
 
 }  // namespace di::test

@@ -31,43 +31,6 @@ std::vector<int32_t> script_tokens(const std::string& text, bool with_eos = true
   return ids;
 }
 
-struct TestServer {
-  std::shared_ptr<FakeEngine> engine;
-  std::unique_ptr<server::Server> srv;
-  uint16_t port = 0;
-
-  explicit TestServer(FakeEngineOptions fo, const std::function<void(server::ServerOptions&)>& tweak = {},
-                      std::shared_future<void> gate = {}) {
-    server::ServerOptions so;
-    so.http.port = 0;
-    so.served_model_name = "tiny-test";
-    so.sse_keepalive_s = 0;
-    so.test_hooks = true;
-    if (tweak) tweak(so);
-    engine = std::make_shared<FakeEngine>(std::move(fo));
-    auto eng = engine;
-    srv = std::make_unique<server::Server>(so, [eng, gate](const std::atomic<bool>&) {
-      if (gate.valid()) gate.wait();
-      server::LoadedModel lm;
-      lm.engine = eng;
-      lm.model.tokenizer = v41_tokenizer();
-      lm.model.vocab_size = lm.model.tokenizer->vocab_size();
-      lm.model.bos_id = 0;
-      lm.model.eos_id = 1;
-      lm.model.max_context = 4096;
-      return lm;
-    });
-    srv->start();
-    port = srv->port();
-    if (!gate.valid()) wait_ready();
-  }
-  void wait_ready() {
-    for (int i = 0; i < 500 && !srv->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_TRUE(srv->ready());
-  }
-  ~TestServer() { srv->stop(); }
-};
-
 FakeEngineOptions hello_engine() {
   FakeEngineOptions fo;
   fo.script = script_tokens("Hello world. Bye");

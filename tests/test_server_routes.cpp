@@ -20,37 +20,6 @@ const bool kQuiet = [] {
   return true;
 }();
 
-struct TestServer {
-  std::shared_ptr<FakeEngine> engine;
-  std::unique_ptr<server::Server> srv;
-  uint16_t port = 0;
-
-  explicit TestServer(FakeEngineOptions fo, const std::function<void(server::ServerOptions&)>& tweak = {}) {
-    server::ServerOptions so;
-    so.http.port = 0;
-    so.served_model_name = "tiny-test";
-    so.sse_keepalive_s = 0;
-    so.test_hooks = true;
-    if (tweak) tweak(so);
-    engine = std::make_shared<FakeEngine>(std::move(fo));
-    auto eng = engine;
-    srv = std::make_unique<server::Server>(so, [eng](const std::atomic<bool>&) {
-      server::LoadedModel lm;
-      lm.engine = eng;
-      lm.model.tokenizer = v41_tokenizer();
-      lm.model.vocab_size = lm.model.tokenizer->vocab_size();
-      lm.model.bos_id = 0;
-      lm.model.eos_id = 1;
-      lm.model.max_context = 4096;
-      return lm;
-    });
-    srv->start();
-    port = srv->port();
-    for (int i = 0; i < 500 && !srv->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ~TestServer() { srv->stop(); }
-};
-
 FakeEngineOptions engine_saying(const std::string& text) {
   FakeEngineOptions fo;
   fo.script = v41_tokenizer()->encode(text, true);

@@ -247,6 +247,17 @@ std::string error_body(const ApiError& e) {
 
 std::string token_text(const Tokenizer& tok, int32_t id) { return utf8::decode_lossy(tok.token_bytes_view(id)); }
 
+// The chat fields of `body` in the served model's chat format (a 400 naming the field otherwise).
+static openai::ConvertedRequest convert_chat(const ojson& body, const ModelContext& ctx) {
+  openai::ConversionOptions copt;
+  copt.format = ctx.chat_format;
+  copt.default_thinking = ctx.default_thinking;
+  copt.json_limits = ctx.json_limits;
+  auto conv = openai::convert_chat_request(body, copt);
+  if (!conv.ok()) throw Reject{invalid_param(conv.error->field, conv.error->message)};
+  return std::move(*conv.request);
+}
+
 ParseResult parse_chat_completion(std::string_view raw, const ModelContext& ctx) {
   return guarded([&]() -> ParseResult {
     const ojson body = parse_body(raw, ctx.json_limits);
@@ -277,15 +288,9 @@ ParseResult parse_chat_completion(std::string_view raw, const ModelContext& ctx)
       s.sampling.top_logprobs = s.top_logprobs;
     }
 
-    openai::ConversionOptions copt;
-    copt.format = ctx.chat_format;
-    copt.default_thinking = ctx.default_thinking;
-    copt.json_limits = ctx.json_limits;
-    auto conv = openai::convert_chat_request(body, copt);
-    if (!conv.ok()) throw Reject{invalid_param(conv.error->field, conv.error->message)};
-    auto encoded = chat::encode_chat(*ctx.tokenizer, ctx.chat_format, conv.request->chat);
-    s.prompts.push_back(std::move(encoded.ids));
-    s.parser = std::move(conv.request->parser);
+    auto conv = convert_chat(body, ctx);
+    s.prompts.push_back(chat::encode_chat(*ctx.tokenizer, ctx.chat_format, conv.chat).ids);
+    s.parser = std::move(conv.parser);
     fit_context(s, ctx, max_tokens, max_field, "messages");
     return s;
   });
@@ -387,13 +392,7 @@ std::variant<std::string, ApiError> tokenize_request(std::string_view raw, const
         ids = ctx.tokenizer->encode(text, true);
       }
     } else if (messages) {
-      openai::ConversionOptions copt;
-      copt.format = ctx.chat_format;
-      copt.default_thinking = ctx.default_thinking;
-      copt.json_limits = ctx.json_limits;
-      auto conv = openai::convert_chat_request(body, copt);
-      if (!conv.ok()) throw Reject{invalid_param(conv.error->field, conv.error->message)};
-      ids = chat::encode_chat(*ctx.tokenizer, ctx.chat_format, conv.request->chat).ids;
+      ids = chat::encode_chat(*ctx.tokenizer, ctx.chat_format, convert_chat(body, ctx).chat).ids;
     } else {
       reject("prompt", "is required (or messages)");
     }
