@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/numerics.h"
+#include "server_process.h"
 #include "test_engine_util.h"
 
 using namespace di;
@@ -89,15 +90,11 @@ TEST(NonFiniteLogits, EngineFailsTheRequestAndCountsIt) {
 }
 
 TEST(NonFiniteLogits, GenerateExitsNonZero) {
-  const std::string cmd = std::string(DI_BINARY_DIR) + "/deepinfer generate --model " + poisoned_model_dir() +
-                          " --tokenizer " + test::v3_tokenizer_json() + " --prompt-ids 0,100,200 --max-tokens 4 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
   std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-  const int st = pclose(p.release());
-  EXPECT_NE(WEXITSTATUS(st), 0) << out;
+  const int status = test::run_command(std::string(DI_BINARY_DIR) + "/deepinfer generate --model " + poisoned_model_dir() +
+                                           " --tokenizer " + test::v3_tokenizer_json() + " --prompt-ids 0,100,200 --max-tokens 4",
+                                       out);
+  EXPECT_NE(status, 0) << out;
   EXPECT_NE(out.find("non-finite"), std::string::npos) << out;
 }
 
