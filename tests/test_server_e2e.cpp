@@ -44,11 +44,11 @@ TEST(ServerE2E, OpenAiClient) {
 TEST(ServerE2E, SigtermDrainsThroughOpenAiClient) {
   const std::string problem = node_problem();
   ASSERT_TRUE(problem.empty()) << problem;
-  ServerProcess srv({e2e_model_dir(), "--port", "0", "--served-model-name", "tiny-e2e", "--shutdown-timeout", "2"});
+  ServerProcess srv({e2e_model_dir(), "--port", "0", "--served-model-name", "tiny-e2e", "--shutdown-timeout", "5"});
   ASSERT_TRUE(srv.wait_healthy(120)) << srv.log();
   std::string out;
   const int rc = run_command("node " + std::string(DI_SOURCE_DIR) + "/tests/e2e/shutdown_drain.mjs " + srv.url() + " tiny-e2e " +
-                                 std::to_string(srv.pid()) + " 2",
+                                 std::to_string(srv.pid()) + " 5",
                              out);
   EXPECT_EQ(rc, 0) << out << "\n--- server log ---\n" << srv.log();
   std::cout << out;

@@ -20,7 +20,7 @@ const client = new OpenAI({ baseURL: baseURL + '/v1', apiKey: 'unused', maxRetri
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const endless = { model, max_tokens: 100000, ignore_eos: true };
 
-// 1. An endless stream; measure the decode rate from its chunks.
+// 1. An endless stream.
 const stream = await client.chat.completions.create({ ...endless, messages: [{ role: 'user', content: 'count' }], stream: true });
 let chunks = 0, streamError = null, sawFinish = false;
 const streamDone = (async () => {
@@ -34,15 +34,12 @@ const streamDone = (async () => {
   }
 })();
 while (chunks < 5) await sleep(10);
-const c0 = chunks, t0 = Date.now();
-await sleep(300);
-const rate = (chunks - c0) / ((Date.now() - t0) / 1000);
 
 // 2. An endless non-streaming request.
 const blocking = client.completions.create({ ...endless, prompt: 'one two' }).then(
   (r) => ({ ok: r }), (e) => ({ err: e }));
-// 3. A request that needs about a fifth of the grace period at the measured rate.
-const shortTokens = Math.max(4, Math.min(4000, Math.floor(rate * grace * 0.2)));
+// 3. A request far shorter than the grace period, even on a loaded machine.
+const shortTokens = 8;
 const short = client.completions.create({ model, prompt: 'three four', max_tokens: shortTokens, ignore_eos: true }).then(
   (r) => ({ ok: r }), (e) => ({ err: e }));
 await sleep(50);
@@ -65,7 +62,7 @@ const check = async (name, fn) => {
 await check('new connections are refused while draining', async () => {
   await assert.rejects(client.models.list(), (e) => e instanceof APIConnectionError);
 });
-await check(`a request that fits in the grace period finishes normally (${shortTokens} tokens at ~${rate.toFixed(0)} tok/s)`, async () => {
+await check(`a request that fits in the grace period finishes normally (${shortTokens} tokens)`, async () => {
   const r = await short;
   assert.ok(r.ok, String(r.err));
   assert.equal(r.ok.choices[0].finish_reason, 'length');
