@@ -166,10 +166,39 @@ TEST(Safetensors, WriterRoundTrip) {
   std::memcpy(&v1, g.data + 8, 8);
   EXPECT_EQ(v1, 1ll << 40);
 
-  // Zero copy: views point into one mapping, at the offsets of insertion order.
-  EXPECT_EQ(a.data - b.data, 24);
-  EXPECT_EQ(c.data - a.data, 5);
-  EXPECT_EQ(g.data - b.data, 24 + 5 + 6 + 4);
+  // Zero copy: views point into one mapping, widest elements first (insertion order within a
+  // width), so every tensor is aligned to its element size although a.e4m3 has an odd size.
+  const TensorView& sc = ck.get("e.scalar");
+  EXPECT_EQ(b.data - g.data, 16);
+  EXPECT_EQ(sc.data - b.data, 24);
+  EXPECT_EQ(c.data - sc.data, 4);
+  EXPECT_EQ(a.data - c.data, 6);
+  for (const auto& [name, t] : ck.tensors())
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype), 0u) << name;
+}
+
+// A third-party file may place a tensor at an offset its element size does not divide; the
+// loader hands out an aligned copy with the same bytes, and leaves aligned tensors in place.
+TEST(Safetensors, MisalignedTensorsAreCopiedAligned) {
+  TempDir d;
+  const std::string path = d.file("odd.safetensors");
+  std::string header = R"({"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
+                       R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[3,7]},)"
+                       R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string data;
+  for (int i = 0; i < 12; ++i) data.push_back(char(i + 1));
+  write_bytes(path, le64(header.size()) + header + data);
+  Checkpoint ck = Checkpoint::open(path);
+  const TensorView& a = ck.get("a");
+  const TensorView& b = ck.get("b");
+  const TensorView& c = ck.get("c");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data) % 2, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(c.data) % 4, 0u);
+  EXPECT_EQ(std::vector<uint8_t>(b.data, b.data + 4), (std::vector<uint8_t>{4, 5, 6, 7}));
+  EXPECT_EQ(std::vector<uint8_t>(c.data, c.data + 4), (std::vector<uint8_t>{9, 10, 11, 12}));
+  EXPECT_NE(b.data - a.data, 3);  // b was copied out of the mapping
+  EXPECT_EQ(c.data - a.data, 8);  // c was aligned in the file and stays a view
 }
 
 TEST(Safetensors, WriterOverwritesAtomicallyAndRejectsBadInput) {

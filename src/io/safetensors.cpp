@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <set>
 #include <sstream>
 
@@ -243,7 +244,28 @@ class MappedFile {
              std::to_string(c.end) + "] overlap tensor " + *p.name + " [" + std::to_string(p.begin) + ", " +
              std::to_string(p.end) + "]");
     }
+    copy_misaligned();
   }
+
+  // Kernels read tensors as typed arrays; the format only aligns the data buffer (and not even
+  // that when a writer skips the header padding), so a 2-byte tensor of odd length shifts every
+  // later one. Such tensors are copied once into aligned memory instead of being read unaligned.
+  void copy_misaligned() {
+    for (auto& [name, v] : tensors) {
+      const size_t align = std::min<size_t>(dtype_size(v.dtype), 8);
+      if (v.nbytes == 0 || reinterpret_cast<uintptr_t>(v.data) % align == 0) continue;
+      auto* copy = static_cast<uint8_t*>(::operator new(v.nbytes, std::align_val_t{64}));
+      std::memcpy(copy, v.data, v.nbytes);
+      aligned_copies.emplace_back(copy);
+      v.data = copy;
+    }
+  }
+
+ public:
+  struct AlignedDelete {
+    void operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t{64}); }
+  };
+  std::vector<std::unique_ptr<uint8_t, AlignedDelete>> aligned_copies;  // tensors copied by copy_misaligned
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -436,10 +458,16 @@ std::vector<std::string> SafetensorsWriter::names() const {
 void SafetensorsWriter::write(const std::string& path) const {
   json h = json::object();
   if (!metadata_.empty()) h["__metadata__"] = metadata_;
+  // Wider elements first (stable within a width): with the 8-byte aligned buffer start, every
+  // tensor lands at an offset that is a multiple of its element size, as loaders read them typed.
+  std::vector<const Entry*> order;
+  for (const auto& e : entries_) order.push_back(&e);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Entry* a, const Entry* b) { return dtype_size(a->dtype) > dtype_size(b->dtype); });
   uint64_t off = 0;
-  for (const auto& e : entries_) {
-    h[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {off, off + e.bytes.size()}}};
-    off += e.bytes.size();
+  for (const Entry* e : order) {
+    h[e->name] = {{"dtype", dtype_name(e->dtype)}, {"shape", e->shape}, {"data_offsets", {off, off + e->bytes.size()}}};
+    off += e->bytes.size();
   }
   std::string header = h.dump();
   // The format allows trailing spaces; padding keeps the data buffer 8-byte aligned in the file.
@@ -450,8 +478,8 @@ void SafetensorsWriter::write(const std::string& path) const {
     for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
     bool ok = std::fwrite(len, 1, 8, f) == 8;
     ok = ok && std::fwrite(header.data(), 1, header.size(), f) == header.size();
-    for (const auto& e : entries_)
-      if (ok && !e.bytes.empty()) ok = std::fwrite(e.bytes.data(), 1, e.bytes.size(), f) == e.bytes.size();
+    for (const Entry* e : order)
+      if (ok && !e->bytes.empty()) ok = std::fwrite(e->bytes.data(), 1, e->bytes.size(), f) == e->bytes.size();
     return ok;
   });
 }

@@ -39,7 +39,7 @@ struct TensorView {
   std::string name;
   DType dtype{};
   std::vector<int64_t> shape;
-  const uint8_t* data = nullptr;  // into the mapping, 8-byte alignment not guaranteed
+  const uint8_t* data = nullptr;  // into the mapping, or a copy where the file misaligns it for its dtype
   size_t nbytes = 0;
   const std::string* file = nullptr;  // file it lives in (for messages)
 
@@ -82,7 +82,8 @@ class Checkpoint {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writer for generated checkpoints and logit dumps. Tensors are written in insertion order with
+// Writer for generated checkpoints and logit dumps. Tensors are written widest element first
+// (insertion order within a width, so each is aligned to its element size) with
 // the header sorted as safetensors expects; metadata goes to "__metadata__".
 class SafetensorsWriter {
  public:

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -48,17 +49,33 @@ uint64_t TensorEntry::nbytes() const {
   return n;
 }
 
+std::vector<uint64_t> safetensors_data_offsets(const std::vector<TensorEntry>& entries) {
+  // Wider elements first (stable within a width): with the 8-byte aligned buffer start, every
+  // tensor lands at an offset that is a multiple of its element size, as loaders read them typed.
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(entries[a].dtype) > dtype_size(entries[b].dtype);
+  });
+  std::vector<uint64_t> offsets(entries.size());
+  uint64_t off = 0;
+  for (size_t i : order) {
+    offsets[i] = off;
+    off += entries[i].nbytes();
+  }
+  return offsets;
+}
+
 std::string safetensors_header(const std::vector<TensorEntry>& entries,
                                const std::map<std::string, std::string>& metadata) {
   json h = json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
-  uint64_t off = 0;
-  for (const auto& e : entries) {
+  const std::vector<uint64_t> offsets = safetensors_data_offsets(entries);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TensorEntry& e = entries[i];
     if (e.name.empty() || e.name == "__metadata__") fail("safetensors: invalid tensor name \"" + e.name + "\"");
     if (h.contains(e.name)) fail("safetensors: tensor " + e.name + " listed twice");
-    const uint64_t n = e.nbytes();
-    h[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {off, off + n}}};
-    off += n;
+    h[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offsets[i], offsets[i] + e.nbytes()}}};
   }
   std::string text = h.dump();
   // Trailing spaces are allowed; they keep the data buffer 8-byte aligned in the file.
@@ -75,10 +92,8 @@ StreamingSafetensorsFile::StreamingSafetensorsFile(std::string path, std::vector
     : path_(std::move(path)), entries_(std::move(entries)) {
   const std::string header = safetensors_header(entries_, metadata);
   data_start_ = header.size();
-  for (const auto& e : entries_) {
-    offsets_.push_back(data_bytes_);
-    data_bytes_ += e.nbytes();
-  }
+  offsets_ = safetensors_data_offsets(entries_);
+  for (const auto& e : entries_) data_bytes_ += e.nbytes();
   written_ = std::make_unique<std::atomic<uint64_t>[]>(entries_.size());
   for (size_t i = 0; i < entries_.size(); ++i) written_[i] = 0;
 

@@ -24,8 +24,11 @@ struct TensorEntry {
   uint64_t nbytes() const;  // numel * dtype_size; throws LoadError on a negative/overflowing shape
 };
 
-// The exact bytes a safetensors header for `entries` (in data order) takes, including the 8-byte
-// length prefix; the same text StreamingSafetensorsFile writes.
+// Each tensor's offset in the data buffer: widest element first, `entries` order within a width,
+// so that every tensor is aligned to its element size.
+std::vector<uint64_t> safetensors_data_offsets(const std::vector<TensorEntry>& entries);
+// The exact bytes a safetensors header for `entries` takes, including the 8-byte length prefix;
+// the same text StreamingSafetensorsFile writes.
 std::string safetensors_header(const std::vector<TensorEntry>& entries,
                                const std::map<std::string, std::string>& metadata);
 
