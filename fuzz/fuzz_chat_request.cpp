@@ -1,5 +1,5 @@
 // OpenAI request -> prompt ids: the body bytes go through the server's own request validation
-// (src/server/openai_api.cpp: JSON, fields, chat conversion, rendering, tokenization with the real
+// (src/openai/api.cpp: JSON, fields, chat conversion, rendering, tokenization with the real
 // V4.1 tokenizer). Properties: client input never escapes as an exception (that is a 500), errors are
 // 4xx with a JSON error body, accepted requests have in-range ids within the context, and the prompt
 // ids decode to exactly the rendered chat text (completions: to the prompt text after BOS).
@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
-#include "server/openai_api.h"
-#include "tokenizer/openai_protocol.h"
+#include "openai/api.h"
+#include "openai/protocol.h"
 #include "tokenizer/v41_vocab.h"
 
 using namespace di;
@@ -46,7 +46,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Bytes in(data, size);
   const uint8_t mode = in.byte();
-  server::ModelContext ctx;
+  openai::ModelContext ctx;
   ctx.tokenizer = tokenizer();
   ctx.served_name = "deepinfer-tiny";
   ctx.vocab_size = ctx.tokenizer->vocab_size();
@@ -60,21 +60,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool chat = !(mode & 1);
   const std::string_view body = in.rest();
 
-  server::ParseResult r;
+  openai::ParseResult r;
   try {
-    r = chat ? server::parse_chat_completion(body, ctx) : server::parse_completion(body, ctx);
+    r = chat ? openai::parse_chat_completion(body, ctx) : openai::parse_completion(body, ctx);
   } catch (const std::exception& e) {
     FUZZ_CHECK(false, std::string("exception escaped request validation (an HTTP 500): ") + e.what() + "\n  body: " + fuzz::show(body));
   }
 
-  if (const auto* err = std::get_if<server::ApiError>(&r)) {
+  if (const auto* err = std::get_if<openai::ApiError>(&r)) {
     FUZZ_CHECK(err->status == 400 || err->status == 404, std::to_string(err->status) + " " + err->message);
     FUZZ_CHECK(!err->message.empty(), "error without a message");
-    const auto j = nlohmann::json::parse(server::error_body(*err), nullptr, false);
-    FUZZ_CHECK(j.is_object() && j["error"]["message"].is_string(), server::error_body(*err));
+    const auto j = nlohmann::json::parse(openai::error_body(*err), nullptr, false);
+    FUZZ_CHECK(j.is_object() && j["error"]["message"].is_string(), openai::error_body(*err));
     return 0;
   }
-  const auto& s = std::get<server::GenerationSpec>(r);
+  const auto& s = std::get<openai::GenerationSpec>(r);
   FUZZ_CHECK(!s.prompts.empty(), "accepted without a prompt");
   FUZZ_CHECK(s.n >= 1 && s.n <= ctx.max_n, std::to_string(s.n));
   FUZZ_CHECK(s.max_tokens >= 1, std::to_string(s.max_tokens));

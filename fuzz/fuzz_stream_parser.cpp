@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
-#include "tokenizer/openai_protocol.h"
+#include "openai/protocol.h"
 #include "tokenizer/stream_parser.h"
 #include "tokenizer/text_utf8.h"
 

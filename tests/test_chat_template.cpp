@@ -12,9 +12,9 @@
 #include <random>
 
 #include "test_tokenizer_util.h"
-#include "tokenizer/chat_cli.h"
+#include "openai/chat_file.h"
 #include "tokenizer/chat_template.h"
-#include "tokenizer/openai_protocol.h"
+#include "openai/protocol.h"
 #include "tokenizer/tokenizer.h"
 #if __has_include("tokenizer/v41_vocab.h")
 #include "tokenizer/v41_vocab.h"
@@ -393,7 +393,7 @@ TEST(ChatCli, RendersRequestFileAndNamesErrors) {
     std::ofstream(dir + "/broken.json") << "{";
   }
   const Tokenizer& tok = *v41_tokenizer();
-  auto out = render_chat_request_file(tok, dir + "/ok.json", ChatFormat::DeepSeekV41);
+  auto out = openai::render_chat_request_file(tok, dir + "/ok.json", ChatFormat::DeepSeekV41);
   EncodedPrompt enc = encode_chat(tok, ChatFormat::DeepSeekV41, request_from(body, ChatFormat::DeepSeekV41));
   EXPECT_EQ(out["ids"].get<std::vector<int32_t>>(), enc.ids);
   EXPECT_EQ(out["prompt"], enc.prompt.text);
@@ -402,14 +402,14 @@ TEST(ChatCli, RendersRequestFileAndNamesErrors) {
   EXPECT_EQ(out["stop"], json::array({"END"}));
   for (const char* name : {"bad.json", "broken.json", "missing.json"}) {
     try {
-      render_chat_request_file(tok, dir + "/" + name, ChatFormat::DeepSeekV41);
+      openai::render_chat_request_file(tok, dir + "/" + name, ChatFormat::DeepSeekV41);
       FAIL() << name;
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
   }
   try {
-    render_chat_request_file(tok, dir + "/bad.json", ChatFormat::DeepSeekV41);
+    openai::render_chat_request_file(tok, dir + "/bad.json", ChatFormat::DeepSeekV41);
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("messages[0].content"), std::string::npos) << e.what();
   }

@@ -4,8 +4,8 @@
 
 #include <chrono>
 
-#include "tokenizer/json_limits.h"
-#include "tokenizer/openai_protocol.h"
+#include "io/json_limits.h"
+#include "openai/protocol.h"
 
 using namespace di;
 using json = nlohmann::ordered_json;

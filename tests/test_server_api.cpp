@@ -1,16 +1,16 @@
 // Request validation of the OpenAI API layer (no HTTP) and the completions stop-string matcher.
 #include <gtest/gtest.h>
 
-#include "server/openai_api.h"
+#include "openai/api.h"
 #include "server/stop_matcher.h"
-#include "tokenizer/openai_protocol.h"
+#include "openai/protocol.h"
 #include "server_test_util.h"
 
 namespace di::test {
 namespace {
 
-server::ModelContext ctx() {
-  server::ModelContext c;
+openai::ModelContext ctx() {
+  openai::ModelContext c;
   c.tokenizer = v41_tokenizer();
   c.served_name = "m";
   c.vocab_size = c.tokenizer->vocab_size();
@@ -21,25 +21,25 @@ server::ModelContext ctx() {
   return c;
 }
 
-server::GenerationSpec ok(const server::ParseResult& r) {
-  if (auto* e = std::get_if<server::ApiError>(&r)) {
+openai::GenerationSpec ok(const openai::ParseResult& r) {
+  if (auto* e = std::get_if<openai::ApiError>(&r)) {
     ADD_FAILURE() << e->message;
     return {};
   }
-  return std::get<server::GenerationSpec>(r);
+  return std::get<openai::GenerationSpec>(r);
 }
 
-server::ApiError err(const server::ParseResult& r) {
-  if (!std::holds_alternative<server::ApiError>(r)) {
+openai::ApiError err(const openai::ParseResult& r) {
+  if (!std::holds_alternative<openai::ApiError>(r)) {
     ADD_FAILURE() << "expected an error";
     return {};
   }
-  return std::get<server::ApiError>(r);
+  return std::get<openai::ApiError>(r);
 }
 
 TEST(ServerApi, ChatDefaultsClampToContext) {
   const auto c = ctx();
-  auto r = server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}]})", c);
+  auto r = openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}]})", c);
   const auto& s = ok(r);
   ASSERT_EQ(s.prompts.size(), 1u);
   const int P = int(s.prompts[0].size());
@@ -54,19 +54,19 @@ TEST(ServerApi, ChatDefaultsClampToContext) {
 TEST(ServerApi, ChatThinkingToolsJson) {
   auto c = ctx();
   c.max_context = 4096;  // the tools prompt is long
-  auto think = server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"reasoning_effort":"high","max_tokens":5})", c);
+  auto think = openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"reasoning_effort":"high","max_tokens":5})", c);
   EXPECT_TRUE(ok(think).parser->start_in_reasoning);
-  auto off = server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"disabled"},"max_tokens":5})", c);
+  auto off = openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"disabled"},"max_tokens":5})", c);
   EXPECT_FALSE(ok(off).parser->start_in_reasoning);
-  auto js = server::parse_chat_completion(
+  auto js = openai::parse_chat_completion(
       R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_object"},"max_tokens":5})", c);
   EXPECT_TRUE(ok(js).parser->parse_json_output);
-  auto tools = server::parse_chat_completion(
+  auto tools = openai::parse_chat_completion(
       R"({"messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"max_tokens":5})", c);
   EXPECT_TRUE(ok(tools).parser->parse_tool_calls);
-  auto stop = server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":"END","max_tokens":5})", c);
+  auto stop = openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":"END","max_tokens":5})", c);
   EXPECT_EQ(ok(stop).parser->stop_sequences, std::vector<std::string>{"END"});
-  auto mct = server::parse_chat_completion(
+  auto mct = openai::parse_chat_completion(
       R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"max_completion_tokens":7,"logprobs":true,"top_logprobs":4})", c);
   EXPECT_EQ(ok(mct).max_tokens, 7);
   EXPECT_EQ(ok(mct).sampling.top_logprobs, 4);
@@ -75,28 +75,28 @@ TEST(ServerApi, ChatThinkingToolsJson) {
 
 TEST(ServerApi, Errors) {
   const auto c = ctx();
-  auto e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"model":"x"})", c));
+  auto e = err(openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"model":"x"})", c));
   EXPECT_EQ(e.status, 404);
   EXPECT_EQ(e.param, "model");
-  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"top_k":-2})", c));
+  e = err(openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"top_k":-2})", c));
   EXPECT_EQ(e.param, "top_k");
-  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"min_p":2})", c));
+  e = err(openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"min_p":2})", c));
   EXPECT_EQ(e.param, "min_p");
-  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"n":17})", c));
+  e = err(openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"n":17})", c));
   EXPECT_EQ(e.param, "n");  // max_n
-  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop_token_ids":[1,-1]})", c));
+  e = err(openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop_token_ids":[1,-1]})", c));
   EXPECT_EQ(e.param, "stop_token_ids[1]");
-  e = err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":99})", c));
+  e = err(openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":99})", c));
   EXPECT_EQ(e.param, "max_tokens");
   EXPECT_EQ(e.code, "context_length_exceeded");
-  e = err(server::parse_completion("{\"prompt\":\"\xc3\x28\"}", c));
+  e = err(openai::parse_completion("{\"prompt\":\"\xc3\x28\"}", c));
   EXPECT_EQ(e.code, "invalid_utf8");
   EXPECT_NE(e.message.find("byte offset 11"), std::string::npos) << e.message;
-  e = err(server::parse_completion(R"({"prompt":[1,2,200000]})", c));
+  e = err(openai::parse_completion(R"({"prompt":[1,2,200000]})", c));
   EXPECT_EQ(e.param, "prompt[2]");
-  e = err(server::parse_completion(R"({"prompt":"x","stream":false,"stream_options":{}})", c));
+  e = err(openai::parse_completion(R"({"prompt":"x","stream":false,"stream_options":{}})", c));
   EXPECT_EQ(e.param, "stream_options");
-  const std::string body = server::error_body(e);
+  const std::string body = openai::error_body(e);
   auto j = nlohmann::json::parse(body);
   EXPECT_EQ(j["error"]["param"], "stream_options");
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
@@ -104,20 +104,20 @@ TEST(ServerApi, Errors) {
 
 TEST(ServerApi, CompletionPrompts) {
   const auto c = ctx();
-  const auto& s = ok(server::parse_completion(R"({"prompt":"<｜begin▁of▁sentence｜>Hi","max_tokens":3})", c));
+  const auto& s = ok(openai::parse_completion(R"({"prompt":"<｜begin▁of▁sentence｜>Hi","max_tokens":3})", c));
   ASSERT_EQ(s.prompts.size(), 1u);
   EXPECT_EQ(s.prompts[0][0], 0);
   EXPECT_NE(s.prompts[0][1], 0);  // BOS not doubled
   EXPECT_EQ(s.max_tokens, 3);
-  const auto& d = ok(server::parse_completion(R"({"prompt":[7,8]})", c));
+  const auto& d = ok(openai::parse_completion(R"({"prompt":[7,8]})", c));
   EXPECT_EQ(d.max_tokens, 16);  // OpenAI's completions default
   EXPECT_EQ(d.prompts[0], (std::vector<int32_t>{7, 8}));
-  const auto& b = ok(server::parse_completion(R"({"prompt":[[7],"x"],"n":2,"best_of":2})", c));
+  const auto& b = ok(openai::parse_completion(R"({"prompt":[[7],"x"],"n":2,"best_of":2})", c));
   EXPECT_EQ(b.prompts.size(), 2u);
   EXPECT_EQ(b.prompt_texts.size(), 2u);
-  const auto& zero = ok(server::parse_completion(R"({"prompt":"x","top_p":0,"temperature":1})", c));
+  const auto& zero = ok(openai::parse_completion(R"({"prompt":"x","top_p":0,"temperature":1})", c));
   EXPECT_EQ(zero.sampling.temperature, 0.f);  // top_p 0 = greedy
-  const auto& lp0 = ok(server::parse_completion(R"({"prompt":"x","logprobs":0})", c));
+  const auto& lp0 = ok(openai::parse_completion(R"({"prompt":"x","logprobs":0})", c));
   EXPECT_TRUE(lp0.logprobs);
   EXPECT_EQ(lp0.sampling.logprobs, 1);
   EXPECT_EQ(lp0.sampling.top_logprobs, 0);
@@ -165,7 +165,7 @@ TEST(ServerApi, DeepNestingIs400) {
   const std::string deep = std::string(21700, '[') + std::string(21700, ']');
   const std::string tools = R"({"messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":)" +
                             deep + "}}]}";
-  auto e = err(server::parse_chat_completion(tools, c));
+  auto e = err(openai::parse_chat_completion(tools, c));
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.code, "json_too_deep");
   EXPECT_EQ(e.param.rfind("tools[0].function.parameters", 0), 0u) << e.param;
@@ -173,15 +173,15 @@ TEST(ServerApi, DeepNestingIs400) {
   EXPECT_NE(e.message.find("--max-json-depth"), std::string::npos) << e.message;
   const std::string args = R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":)" +
                            deep + "}}]}]}";
-  e = err(server::parse_chat_completion(args, c));
+  e = err(openai::parse_chat_completion(args, c));
   EXPECT_EQ(e.code, "json_too_deep");
   EXPECT_EQ(e.param.rfind("messages[1].tool_calls[0].function", 0), 0u) << e.param;
-  e = err(server::parse_completion(R"({"prompt":"x","extra":)" + deep + "}", c));
+  e = err(openai::parse_completion(R"({"prompt":"x","extra":)" + deep + "}", c));
   EXPECT_EQ(e.code, "json_too_deep");
   // The limit is the server's to set.
   c.json_limits.max_depth = 3;
-  EXPECT_EQ(err(server::parse_completion(R"({"prompt":"x","a":[[[1]]]})", c)).param, "a[0][0]");
-  ok(server::parse_completion(R"({"prompt":"x","a":[[1]]})", c));
+  EXPECT_EQ(err(openai::parse_completion(R"({"prompt":"x","a":[[[1]]]})", c)).param, "a[0][0]");
+  ok(openai::parse_completion(R"({"prompt":"x","a":[[1]]})", c));
 }
 
 TEST(ServerApi, TooManyKeysIs400) {
@@ -190,12 +190,12 @@ TEST(ServerApi, TooManyKeysIs400) {
   std::string body = R"({"prompt":"x","ignored":{)";
   for (int i = 0; i < 101; ++i) body += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
   body += "}}";
-  auto e = err(server::parse_completion(body, c));
+  auto e = err(openai::parse_completion(body, c));
   EXPECT_EQ(e.code, "json_too_many_keys");
   EXPECT_EQ(e.param, "ignored.k100");
   EXPECT_NE(e.message.find("--max-json-keys"), std::string::npos) << e.message;
   c.json_limits.max_keys = 101;
-  ok(server::parse_completion(body, c));
+  ok(openai::parse_completion(body, c));
 }
 
 // The bounded parser must not change a prompt: tools are rendered in the client's key order.
@@ -208,7 +208,7 @@ TEST(ServerApi, PromptUnchangedByTheBoundedParser) {
       R"({"role":"tool","tool_call_id":"c1","content":"sunny"}],)"
       R"("tools":[{"type":"function","function":{"name":"get","description":"d","parameters":{"type":"object","required":["z"],"properties":{"z":{"type":"integer"},"a":{"type":"array"}}}}}],)"
       R"("max_tokens":5})";
-  const auto& s = ok(server::parse_chat_completion(body, c));
+  const auto& s = ok(openai::parse_chat_completion(body, c));
   openai::ConversionOptions copt;
   copt.format = c.chat_format;
   auto conv = openai::convert_chat_request(nlohmann::ordered_json::parse(body), copt);
@@ -222,25 +222,25 @@ TEST(ServerApi, PromptUnchangedByTheBoundedParser) {
 // vLLM's answer: an empty stop string is a 400 on both endpoints.
 TEST(ServerApi, EmptyStopIs400OnBothEndpoints) {
   const auto c = ctx();
-  EXPECT_EQ(err(server::parse_completion(R"({"prompt":"x","stop":""})", c)).param, "stop");
-  EXPECT_EQ(err(server::parse_completion(R"({"prompt":"x","stop":["a",""]})", c)).param, "stop[1]");
-  EXPECT_EQ(err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":""})", c)).param, "stop");
-  EXPECT_EQ(err(server::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":["a",""]})", c)).param,
+  EXPECT_EQ(err(openai::parse_completion(R"({"prompt":"x","stop":""})", c)).param, "stop");
+  EXPECT_EQ(err(openai::parse_completion(R"({"prompt":"x","stop":["a",""]})", c)).param, "stop[1]");
+  EXPECT_EQ(err(openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":""})", c)).param, "stop");
+  EXPECT_EQ(err(openai::parse_chat_completion(R"({"messages":[{"role":"user","content":"Hi"}],"stop":["a",""]})", c)).param,
             "stop[1]");
 }
 
 TEST(ServerApi, TokenizeAndDetokenize) {
   auto c = ctx();
   c.max_context = 4096;
-  auto r = server::tokenize_request(R"({"model":"m","prompt":"Hello world"})", c);
+  auto r = openai::tokenize_request(R"({"model":"m","prompt":"Hello world"})", c);
   ASSERT_TRUE(std::holds_alternative<std::string>(r));
   auto j = nlohmann::json::parse(std::get<std::string>(r));
   std::vector<int32_t> ids = j["tokens"].get<std::vector<int32_t>>();
   EXPECT_EQ(ids.front(), 0);  // BOS, as /v1/completions encodes a prompt
   EXPECT_EQ(j["count"], ids.size());
   EXPECT_EQ(j["max_model_len"], 4096);
-  EXPECT_EQ(ids, ok(server::parse_completion(R"({"prompt":"Hello world"})", c)).prompts[0]);
-  auto plain = nlohmann::json::parse(std::get<std::string>(server::tokenize_request(
+  EXPECT_EQ(ids, ok(openai::parse_completion(R"({"prompt":"Hello world"})", c)).prompts[0]);
+  auto plain = nlohmann::json::parse(std::get<std::string>(openai::tokenize_request(
       R"({"prompt":"Hello world","add_special_tokens":false,"return_token_strs":true})", c)));
   EXPECT_EQ(plain["count"], ids.size() - 1);
   EXPECT_EQ(plain["token_strs"].size(), ids.size() - 1);
@@ -248,23 +248,23 @@ TEST(ServerApi, TokenizeAndDetokenize) {
 
   // Messages render exactly as chat completions does.
   const std::string chat = R"({"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"enabled"}})";
-  auto cj = nlohmann::json::parse(std::get<std::string>(server::tokenize_request(chat, c)));
-  EXPECT_EQ(cj["tokens"].get<std::vector<int32_t>>(), ok(server::parse_chat_completion(chat, c)).prompts[0]);
+  auto cj = nlohmann::json::parse(std::get<std::string>(openai::tokenize_request(chat, c)));
+  EXPECT_EQ(cj["tokens"].get<std::vector<int32_t>>(), ok(openai::parse_chat_completion(chat, c)).prompts[0]);
 
-  auto d = server::detokenize_request(R"({"tokens":[)" + std::to_string(ids[1]) + "," + std::to_string(ids[2]) + "]}", c);
+  auto d = openai::detokenize_request(R"({"tokens":[)" + std::to_string(ids[1]) + "," + std::to_string(ids[2]) + "]}", c);
   ASSERT_TRUE(std::holds_alternative<std::string>(d));
   EXPECT_EQ(nlohmann::json::parse(std::get<std::string>(d))["prompt"], "Hello world");
-  EXPECT_EQ(nlohmann::json::parse(std::get<std::string>(server::detokenize_request(R"({"tokens":[]})", c)))["prompt"], "");
+  EXPECT_EQ(nlohmann::json::parse(std::get<std::string>(openai::detokenize_request(R"({"tokens":[]})", c)))["prompt"], "");
 
-  auto bad = std::get<server::ApiError>(server::detokenize_request(R"({"tokens":[5,-1]})", c));
+  auto bad = std::get<openai::ApiError>(openai::detokenize_request(R"({"tokens":[5,-1]})", c));
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(bad.param, "tokens[1]");
-  bad = std::get<server::ApiError>(server::detokenize_request(R"({"tokens":[5,)" + std::to_string(c.vocab_size) + "]}", c));
+  bad = std::get<openai::ApiError>(openai::detokenize_request(R"({"tokens":[5,)" + std::to_string(c.vocab_size) + "]}", c));
   EXPECT_EQ(bad.param, "tokens[1]");
-  EXPECT_EQ(std::get<server::ApiError>(server::detokenize_request(R"({"tokens":"5"})", c)).param, "tokens");
-  EXPECT_EQ(std::get<server::ApiError>(server::tokenize_request(R"({"prompt":"x","model":"other"})", c)).status, 404);
-  EXPECT_EQ(std::get<server::ApiError>(server::tokenize_request(R"({})", c)).param, "prompt");
-  EXPECT_EQ(std::get<server::ApiError>(server::tokenize_request(R"({"prompt":"x","messages":[]})", c)).param, "prompt");
+  EXPECT_EQ(std::get<openai::ApiError>(openai::detokenize_request(R"({"tokens":"5"})", c)).param, "tokens");
+  EXPECT_EQ(std::get<openai::ApiError>(openai::tokenize_request(R"({"prompt":"x","model":"other"})", c)).status, 404);
+  EXPECT_EQ(std::get<openai::ApiError>(openai::tokenize_request(R"({})", c)).param, "prompt");
+  EXPECT_EQ(std::get<openai::ApiError>(openai::tokenize_request(R"({"prompt":"x","messages":[]})", c)).param, "prompt");
 }
 
 }  // namespace

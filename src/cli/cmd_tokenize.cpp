@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "cli/commands.h"
-#include "tokenizer/chat_cli.h"
+#include "openai/chat_file.h"
 #include "tokenizer/tokenize_jsonl.h"
 #include "tokenizer/tokenizer.h"
 
@@ -26,7 +26,7 @@ struct TokenizeArgs {
 void run(const TokenizeArgs& args) {
   const auto tok = Tokenizer::from_file(args.tokenizer_path);
   if (!args.chat_file.empty()) {
-    std::cout << chat::render_chat_request_file(*tok, args.chat_file, chat::parse_chat_format(args.chat_format)).dump()
+    std::cout << openai::render_chat_request_file(*tok, args.chat_file, chat::parse_chat_format(args.chat_format)).dump()
               << "\n";
     return;
   }

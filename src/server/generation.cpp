@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/stop_matcher.h"
-#include "tokenizer/openai_protocol.h"
+#include "openai/protocol.h"
 
 namespace di::server {
 namespace {
@@ -23,11 +23,11 @@ constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, kReplace); }
 
-std::string new_request_id(Endpoint ep) {
+std::string new_request_id(openai::Endpoint ep) {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}() * 0x9E3779B97F4A7C15ull;
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%s-%012llx%08llx", ep == Endpoint::ChatCompletions ? "chatcmpl" : "cmpl",
+  std::snprintf(buf, sizeof buf, "%s-%012llx%08llx", ep == openai::Endpoint::ChatCompletions ? "chatcmpl" : "cmpl",
                 (unsigned long long)(salt >> 16), (unsigned long long)counter.fetch_add(1));
   return buf;
 }
@@ -53,7 +53,7 @@ struct Event {
 
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
-  Generation(GenerationSpec spec, std::shared_ptr<HttpExchange> ex, std::shared_ptr<const ServingContext> ctx, Clock::time_point arrival)
+  Generation(openai::GenerationSpec spec, std::shared_ptr<HttpExchange> ex, std::shared_ptr<const ServingContext> ctx, Clock::time_point arrival)
       : spec_(std::move(spec)), ex_(std::move(ex)), ctx_(std::move(ctx)), tok_(*ctx_->model.tokenizer), arrival_(arrival),
         id_(new_request_id(spec_.endpoint)), created_(std::time(nullptr)) {
     ++ctx_->active_generations;
@@ -85,7 +85,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool cancelled = false;
   };
 
-  bool is_chat() const { return spec_.endpoint == Endpoint::ChatCompletions; }
+  bool is_chat() const { return spec_.endpoint == openai::Endpoint::ChatCompletions; }
   void drain();
   void on_token(const Event& ev);
   void on_finish(const Event& ev);
@@ -98,17 +98,17 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void emit_chunk(int index, const ojson* delta, const std::string& text, const char* finish_reason);
   ojson logprobs_json(const std::vector<LogprobEntry>& entries, size_t text_offset) const;
   ojson usage_json() const;
-  void reply_error(const ApiError& e);
+  void reply_error(const openai::ApiError& e);
   // The reply is final: this request no longer holds up a graceful shutdown.
   void release() {
     if (counted_) --ctx_->active_generations;
     counted_ = false;
   }
-  ApiError shutdown_error() const;
+  openai::ApiError shutdown_error() const;
   void check_backpressure();
   void set_paused(bool paused);
 
-  GenerationSpec spec_;
+  openai::GenerationSpec spec_;
   std::shared_ptr<HttpExchange> ex_;
   std::shared_ptr<const ServingContext> ctx_;
   const Tokenizer& tok_;
@@ -233,7 +233,7 @@ void Generation::start() {
     const engine::SubmitResult r = ctx_->engine->submit(std::move(rp), std::make_shared<Sink>(self, int(i)));
     if (r.error != engine::SubmitError::None) {
       for (size_t j = 0; j < i; ++j) ctx_->engine->cancel(subs_[j].engine_id);
-      ApiError e;
+      openai::ApiError e;
       switch (r.error) {
         case engine::SubmitError::QueueFull:
           e.status = 429;
@@ -243,10 +243,10 @@ void Generation::start() {
           e.headers.emplace_back("Retry-After", std::to_string(std::max(1, r.retry_after_s)));
           break;
         case engine::SubmitError::TooLong:
-          e = invalid_param(is_chat() ? "messages" : "prompt", r.message, "context_length_exceeded");
+          e = openai::invalid_param(is_chat() ? "messages" : "prompt", r.message, "context_length_exceeded");
           break;
         case engine::SubmitError::Invalid:
-          e = invalid_param("", r.message, "invalid_value");
+          e = openai::invalid_param("", r.message, "invalid_value");
           break;
         default:
           e.status = 503;
@@ -290,14 +290,14 @@ void Generation::start() {
   }
 }
 
-void Generation::reply_error(const ApiError& e) {
+void Generation::reply_error(const openai::ApiError& e) {
   ctx_->metrics->count_request(is_chat() ? "/v1/chat/completions" : "/v1/completions", e.status);
   spdlog::info("{} {} status={} error=\"{}\"", id_, is_chat() ? "chat" : "completions", e.status, e.message);
-  ex_->respond(e.status, error_body(e), "application/json", e.headers);
+  ex_->respond(e.status, openai::error_body(e), "application/json", e.headers);
 }
 
-ApiError Generation::shutdown_error() const {
-  ApiError e;
+openai::ApiError Generation::shutdown_error() const {
+  openai::ApiError e;
   e.status = 503;
   e.type = "server_error";
   e.code = "server_shutdown";
@@ -447,7 +447,7 @@ ojson Generation::logprobs_json(const std::vector<LogprobEntry>& entries, size_t
       const std::string_view raw = tok_.token_bytes_view(id);
       ojson bytes = ojson::array();
       for (unsigned char b : raw) bytes.push_back(int(b));
-      return ojson{{"token", token_text(tok_, id)}, {"logprob", lp}, {"bytes", std::move(bytes)}};
+      return ojson{{"token", openai::token_text(tok_, id)}, {"logprob", lp}, {"bytes", std::move(bytes)}};
     };
     for (const auto& e : entries) {
       ojson j = item(e.token, e.logprob);
@@ -460,13 +460,13 @@ ojson Generation::logprobs_json(const std::vector<LogprobEntry>& entries, size_t
   }
   ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offsets = ojson::array();
   for (const auto& e : entries) {
-    std::string t = token_text(tok_, e.token);
+    std::string t = openai::token_text(tok_, e.token);
     offsets.push_back(text_offset);
     text_offset += t.size();
     tokens.push_back(std::move(t));
     lps.push_back(e.logprob);
     ojson top = ojson::object();
-    for (const auto& alt : e.top) top[token_text(tok_, alt.token)] = alt.logprob;
+    for (const auto& alt : e.top) top[openai::token_text(tok_, alt.token)] = alt.logprob;
     tops.push_back(std::move(top));
   }
   return ojson{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
@@ -609,20 +609,20 @@ void Generation::complete() {
   }
   if (shutdown_) {
     // Not an OpenAI finish reason: clients see an error they can retry elsewhere.
-    const ApiError e = shutdown_error();
-    if (!spec_.stream) return ex_->respond(e.status, error_body(e), "application/json", e.headers);
-    ex_->write("data: " + error_body(e) + "\n\n");
+    const openai::ApiError e = shutdown_error();
+    if (!spec_.stream) return ex_->respond(e.status, openai::error_body(e), "application/json", e.headers);
+    ex_->write("data: " + openai::error_body(e) + "\n\n");
     ex_->end_stream();
     return;
   }
   if (spec_.stream) {
     if (!error_.empty()) {
-      ApiError e;
+      openai::ApiError e;
       e.status = 500;
       e.type = "server_error";
       e.code = "engine_error";
       e.message = error_;
-      ex_->write("data: " + error_body(e) + "\n\n");
+      ex_->write("data: " + openai::error_body(e) + "\n\n");
     }
     if (spec_.include_usage) {
       ojson u;
@@ -639,12 +639,12 @@ void Generation::complete() {
     return;
   }
   if (!error_.empty()) {
-    ApiError e;
+    openai::ApiError e;
     e.status = 500;
     e.type = "server_error";
     e.code = "engine_error";
     e.message = error_;
-    ex_->respond(500, error_body(e));
+    ex_->respond(500, openai::error_body(e));
     return;
   }
   ojson j;
@@ -675,7 +675,7 @@ void Generation::complete() {
 
 }  // namespace
 
-void run_generation(GenerationSpec spec, std::shared_ptr<HttpExchange> exchange, std::shared_ptr<const ServingContext> ctx,
+void run_generation(openai::GenerationSpec spec, std::shared_ptr<HttpExchange> exchange, std::shared_ptr<const ServingContext> ctx,
                     Clock::time_point arrival) {
   auto g = std::make_shared<Generation>(std::move(spec), std::move(exchange), std::move(ctx), arrival);
   g->start();

@@ -12,13 +12,13 @@
 #include "engine/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
-#include "server/openai_api.h"
+#include "openai/api.h"
 
 namespace di::server {
 
 struct ServingContext {
   std::shared_ptr<engine::Engine> engine;
-  ModelContext model;
+  openai::ModelContext model;
   Metrics* metrics = nullptr;
   double sse_keepalive_s = 15;
   double shutdown_timeout_s = 0;  // named in the error requests get when a shutdown ends them
@@ -30,7 +30,7 @@ struct ServingContext {
 
 // Must be called on the exchange's strand (the HTTP handler runs there). Replies with 429/400/503
 // itself when the engine refuses the request.
-void run_generation(GenerationSpec spec, std::shared_ptr<HttpExchange> exchange, std::shared_ptr<const ServingContext> ctx,
+void run_generation(openai::GenerationSpec spec, std::shared_ptr<HttpExchange> exchange, std::shared_ptr<const ServingContext> ctx,
                     std::chrono::steady_clock::time_point arrival);
 
 }  // namespace di::server

@@ -123,14 +123,14 @@ void Server::stop() {
   if (http_) http_->stop();
 }
 
-void Server::respond_error(HttpExchange& ex, const std::string& endpoint, const ApiError& e) {
+void Server::respond_error(HttpExchange& ex, const std::string& endpoint, const openai::ApiError& e) {
   metrics_.count_request(endpoint, e.status);
-  ex.respond(e.status, error_body(e), "application/json", e.headers);
+  ex.respond(e.status, openai::error_body(e), "application/json", e.headers);
 }
 
 void Server::offload(HttpExchange& ex, const std::string& endpoint, std::function<void()> job) {
   if (workers_ && workers_->try_submit(std::move(job))) return;
-  ApiError e;
+  openai::ApiError e;
   e.status = 503;
   e.type = "server_error";
   e.code = "server_overloaded";
@@ -215,7 +215,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
   if (!cors.empty()) ex = std::make_shared<ResponseFilter>(std::move(ex), cors);
 
   if (!known) {
-    ApiError e;
+    openai::ApiError e;
     e.status = 404;
     e.code = "unknown_url";
     e.message = "Unknown request URL: " + req.method + " " + path;
@@ -224,7 +224,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
   // A browser's preflight: answered without the API key (browsers never send one on it).
   if (req.method == "OPTIONS" && !opt_.allowed_origins.empty() && !req.origin.empty()) {
     if (!origin_listed) {
-      ApiError e;
+      openai::ApiError e;
       e.status = 403;
       e.code = "origin_not_allowed";
       e.message = "Origin " + req.origin + " is not allowed (--allowed-origins)";
@@ -238,7 +238,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
                         {"Access-Control-Max-Age", "600"}});
   }
   if (!method_allowed(allowed, req.method)) {
-    ApiError e;
+    openai::ApiError e;
     e.status = 405;
     e.code = "method_not_allowed";
     e.message = "Method " + req.method + " is not allowed for " + path + " (use " + allowed + ")";
@@ -285,7 +285,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     }
     if (model_path) {
       if (path.substr(11) != opt_.served_model_name) {
-        ApiError e;
+        openai::ApiError e;
         e.status = 404;
         e.code = "model_not_found";
         e.param = "model";
@@ -301,7 +301,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
 
   // Endpoints that need the model.
   if (state != State::Ready || !ctx) {
-    ApiError e;
+    openai::ApiError e;
     e.status = 503;
     e.type = "server_error";
     e.code = state == State::Loading ? "model_loading" : state == State::Draining || state == State::Stopped ? "server_shutdown" : "model_unavailable";
@@ -321,7 +321,7 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
     if (ex->client_gone()) return;  // nobody to answer
     auto server_fault = [&](const std::exception& e) {
       // A fault of the server's own setup (e.g. a chat template token missing from the tokenizer).
-      ApiError err;
+      openai::ApiError err;
       err.status = 500;
       err.type = "server_error";
       err.code = "internal_error";
@@ -330,31 +330,31 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
       respond_error(*ex, endpoint, err);
     };
     if (path == "/tokenize" || path == "/detokenize") {
-      std::variant<std::string, ApiError> r;
+      std::variant<std::string, openai::ApiError> r;
       try {
-        r = path == "/tokenize" ? tokenize_request(*body, ctx->model) : detokenize_request(*body, ctx->model);
+        r = path == "/tokenize" ? openai::tokenize_request(*body, ctx->model) : openai::detokenize_request(*body, ctx->model);
       } catch (const std::exception& e) {
         return server_fault(e);
       }
-      if (auto* err = std::get_if<ApiError>(&r)) return respond_error(*ex, endpoint, *err);
+      if (auto* err = std::get_if<openai::ApiError>(&r)) return respond_error(*ex, endpoint, *err);
       metrics_.count_request(endpoint, 200);
       return ex->respond(200, std::move(std::get<std::string>(r)));
     }
-    ParseResult parsed;
+    openai::ParseResult parsed;
     try {
-      parsed = path == "/v1/chat/completions" ? parse_chat_completion(*body, ctx->model) : parse_completion(*body, ctx->model);
+      parsed = path == "/v1/chat/completions" ? openai::parse_chat_completion(*body, ctx->model) : openai::parse_completion(*body, ctx->model);
     } catch (const std::exception& e) {
       return server_fault(e);
     }
     body->clear();
     body->shrink_to_fit();
     lease.reset();
-    if (auto* err = std::get_if<ApiError>(&parsed)) {
+    if (auto* err = std::get_if<openai::ApiError>(&parsed)) {
       spdlog::info("{} {} status={} error=\"{}\"", method, path, err->status, err->message);
       return respond_error(*ex, endpoint, *err);
     }
     // run_generation belongs on the connection's strand.
-    auto spec = std::make_shared<GenerationSpec>(std::move(std::get<GenerationSpec>(parsed)));
+    auto spec = std::make_shared<openai::GenerationSpec>(std::move(std::get<openai::GenerationSpec>(parsed)));
     ex->post([spec, ex, ctx, arrival] { run_generation(std::move(*spec), ex, ctx, arrival); });
   });
 }
@@ -366,24 +366,24 @@ const char* version_string() { return DI_VERSION; }
 // buffer bodies. Requests without a body go through handle(), which answers them the same way.
 std::optional<HttpRejection> Server::check_headers(const HttpHeaderView& h) {
   if (!h.has_body()) return std::nullopt;
-  std::optional<ApiError> err = check_key(h.target, h.authorization);
+  std::optional<openai::ApiError> err = check_key(h.target, h.authorization);
   if (!err) return std::nullopt;
-  ApiError& e = *err;
+  openai::ApiError& e = *err;
   const bool counted = h.target == "/v1/chat/completions" || h.target == "/v1/completions";
   metrics_.count_request(counted ? std::string(h.target) : "other", 401);
   for (auto& hdr : cors_headers(h.origin)) e.headers.push_back(std::move(hdr));
-  return HttpRejection{e.status, error_body(e), "application/json", e.headers};
+  return HttpRejection{e.status, openai::error_body(e), "application/json", e.headers};
 }
 
 // The API key, where one is set, guards /v1/* and the tokenizer endpoints (not /health, /metrics, /version).
-std::optional<ApiError> Server::check_key(std::string_view target, std::string_view authorization) const {
+std::optional<openai::ApiError> Server::check_key(std::string_view target, std::string_view authorization) const {
   const bool guarded = target.rfind("/v1/", 0) == 0 || target == "/tokenize" || target == "/detokenize";
   if (opt_.api_key.empty() || !guarded) return std::nullopt;
   const std::string_view prefix = "Bearer ";
   if (authorization.size() > prefix.size() && authorization.substr(0, prefix.size()) == prefix &&
       constant_time_equal(std::string(authorization.substr(prefix.size())), opt_.api_key))
     return std::nullopt;
-  ApiError e;
+  openai::ApiError e;
   e.status = 401;
   e.code = "invalid_api_key";
   e.message = authorization.empty() ? "Missing API key: send 'Authorization: Bearer <key>'" : "Incorrect API key provided";

@@ -13,7 +13,7 @@
 #include "engine/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
-#include "server/openai_api.h"
+#include "openai/api.h"
 #include "server/worker_pool.h"
 
 namespace di::server {
@@ -38,7 +38,7 @@ struct ServerOptions {
 // What the loader produces. model.served_name / chat_format / limits are filled from ServerOptions.
 struct LoadedModel {
   std::shared_ptr<engine::Engine> engine;
-  ModelContext model;
+  openai::ModelContext model;
 };
 // Runs on the loader thread. `cancel` turns true when the server stops before the load is done: a
 // long load should check it and give up (throwing anything); a result returned anyway is dropped.
@@ -69,9 +69,9 @@ class Server {
 
  private:
   enum class State { Loading, Ready, Failed, Draining, Stopped };
-  void respond_error(HttpExchange& ex, const std::string& endpoint, const ApiError& e);
+  void respond_error(HttpExchange& ex, const std::string& endpoint, const openai::ApiError& e);
   std::vector<std::pair<std::string, std::string>> cors_headers(std::string_view origin) const;
-  std::optional<ApiError> check_key(std::string_view target, std::string_view authorization) const;
+  std::optional<openai::ApiError> check_key(std::string_view target, std::string_view authorization) const;
   // Runs `job` on a parse worker; answers 503 itself when the queue is full.
   void offload(HttpExchange& ex, const std::string& endpoint, std::function<void()> job);
 

@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/json_limits.h"
+#include "io/json_limits.h"
 
 namespace di {
 class Tokenizer;

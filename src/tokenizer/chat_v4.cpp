@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "tokenizer/chat_internal.h"
-#include "tokenizer/json_limits.h"
+#include "io/json_limits.h"
 
 namespace di::chat {
 namespace {

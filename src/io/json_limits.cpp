@@ -1,4 +1,4 @@
-#include "tokenizer/json_limits.h"
+#include "io/json_limits.h"
 
 #include <memory>
 #include <unordered_map>

@@ -1,12 +1,12 @@
-#include "server/openai_api.h"
+#include "openai/api.h"
 
 #include <cmath>
 #include <limits>
 
-#include "tokenizer/openai_protocol.h"
+#include "openai/protocol.h"
 #include "tokenizer/text_utf8.h"
 
-namespace di::server {
+namespace di::openai {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -431,4 +431,4 @@ std::variant<std::string, ApiError> detokenize_request(std::string_view raw, con
   }
 }
 
-}  // namespace di::server
+}  // namespace di::openai

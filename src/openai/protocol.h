@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/chat_template.h"
-#include "tokenizer/json_limits.h"
+#include "io/json_limits.h"
 #include "tokenizer/stream_parser.h"
 
 namespace di::openai {

@@ -15,11 +15,11 @@
 
 #include "engine/engine.h"
 #include "tokenizer/chat_template.h"
-#include "tokenizer/json_limits.h"
+#include "io/json_limits.h"
 #include "tokenizer/stream_parser.h"
 #include "tokenizer/tokenizer.h"
 
-namespace di::server {
+namespace di::openai {
 
 // {"error": {"message", "type", "param", "code"}} plus the HTTP status and extra headers.
 struct ApiError {
@@ -87,4 +87,4 @@ std::variant<std::string, ApiError> detokenize_request(std::string_view body, co
 // The token's text for logprobs (invalid UTF-8 bytes as U+FFFD) and its raw bytes.
 std::string token_text(const Tokenizer& tok, int32_t id);
 
-}  // namespace di::server
+}  // namespace di::openai

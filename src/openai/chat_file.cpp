@@ -1,14 +1,15 @@
-#include "tokenizer/chat_cli.h"
+#include "openai/chat_file.h"
 
 #include <fstream>
 #include <sstream>
 
-#include "tokenizer/openai_protocol.h"
+#include "openai/protocol.h"
 #include "tokenizer/tokenizer.h"
 
-namespace di::chat {
+namespace di::openai {
 
-nlohmann::ordered_json render_chat_request_file(const Tokenizer& tok, const std::string& path, ChatFormat format) {
+nlohmann::ordered_json render_chat_request_file(const Tokenizer& tok, const std::string& path,
+                                                chat::ChatFormat format) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open chat request " + path);
   std::ostringstream text;
@@ -19,13 +20,13 @@ nlohmann::ordered_json render_chat_request_file(const Tokenizer& tok, const std:
   } catch (const nlohmann::json::parse_error& e) {
     throw std::runtime_error(path + ": not valid JSON: " + e.what());
   }
-  openai::ConversionOptions options;
+  ConversionOptions options;
   options.format = format;
-  openai::ConversionResult converted = openai::convert_chat_request(body, options);
+  ConversionResult converted = convert_chat_request(body, options);
   if (!converted.ok()) throw std::runtime_error(path + ": " + converted.error->message);
-  EncodedPrompt enc = encode_chat(tok, format, converted.request->chat);
+  chat::EncodedPrompt enc = chat::encode_chat(tok, format, converted.request->chat);
   nlohmann::ordered_json out;
-  out["format"] = std::string(chat_format_name(format));
+  out["format"] = std::string(chat::chat_format_name(format));
   out["prompt"] = enc.prompt.text;
   out["ids"] = enc.ids;
   out["num_tokens"] = enc.ids.size();
@@ -34,4 +35,4 @@ nlohmann::ordered_json render_chat_request_file(const Tokenizer& tok, const std:
   return out;
 }
 
-}  // namespace di::chat
+}  // namespace di::openai

@@ -1,4 +1,4 @@
-#include "tokenizer/openai_protocol.h"
+#include "openai/protocol.h"
 
 #include <algorithm>
 
