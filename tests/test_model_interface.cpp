@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "model/v41/model.h"
 #include "test_engine_util.h"
+#include "tokenizer/chat_template.h"
 #include "test_paths.h"
 
 using namespace di;
@@ -116,6 +117,7 @@ TEST(ModelRegistry, V41ThroughTheInterfaceMatchesTheConcreteModel) {
   EXPECT_EQ(info.sampleable_vocab, concrete.sampleable_vocab());
   EXPECT_EQ(info.max_context, c.max_position_embeddings);
   EXPECT_EQ(info.eos_id, c.eos_token_id);
+  EXPECT_EQ(chat::parse_chat_format(info.chat_format), chat::ChatFormat::DeepSeekV41);
   EXPECT_EQ(info.cache_format, concrete.info().cache_format);
   const auto* own = dynamic_cast<const v41::Model*>(m.get());
   ASSERT_NE(own, nullptr);

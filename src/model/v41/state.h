@@ -8,7 +8,8 @@
 //
 // The state can be copied (pages are shared copy-on-write) and truncated back by up to
 // `max_rollback` positions, which speculative decoding needs. Where its memory lives is hidden
-// behind kvcache::RowCache so that a paged cache manager can own the growing part.
+// behind kvcache::RowCache so that a paged cache manager can own the growing part. It implements
+// the architecture-neutral di::SequenceState (model/model.h) for the engine.
 #pragma once
 
 #include <cstdint>
