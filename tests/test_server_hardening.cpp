@@ -82,6 +82,14 @@ std::vector<int> flood(uint16_t port, int n, size_t body_bytes, const std::strin
   return out;
 }
 
+// ASan's quarantine holds freed memory back by design, so whether freed bodies go back to the OS
+// is only measurable without it; every other bound of the test holds under the sanitizers.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kFreedMemoryReturns = false;
+#else
+constexpr bool kFreedMemoryReturns = true;
+#endif
+
 TEST(ServerHardening, UnauthenticatedBodyFloodDoesNotGrowMemory) {
   raise_fd_limit();
   const std::string model = e2e_model_dir();
@@ -122,14 +130,14 @@ TEST(ServerHardening, UnauthenticatedBodyFloodDoesNotGrowMemory) {
   for (int s : bad_json) rejected += s == 400;
   EXPECT_EQ(rejected, 30);
   long rss_after = srv.rss_kb();
-  for (int i = 0; i < 40 && rss_after > rss1 + 48 * 1024; ++i) {
+  for (int i = 0; kFreedMemoryReturns && i < 40 && rss_after > rss1 + 48 * 1024; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     rss_after = srv.rss_kb();
   }
   std::cout << "authenticated 30 x 6 MB burst: RSS before " << rss1 / 1024 << " MiB, peak " << peak / 1024 << " MiB, after "
             << rss_after / 1024 << " MiB\n";
   EXPECT_GT(peak, rss1 + 60 * 1024) << "the bodies were not read (the test measures nothing)";
-  EXPECT_LT(rss_after, rss1 + 48 * 1024) << "memory of freed bodies was not returned";
+  if (kFreedMemoryReturns) EXPECT_LT(rss_after, rss1 + 48 * 1024) << "memory of freed bodies was not returned";
   EXPECT_EQ(fetch(srv.port(), "GET", "/health").status, 200);
   EXPECT_EQ(srv.stop(), 0);
 }
