@@ -83,6 +83,19 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
     R += int64_t(it.tokens.size());
   }
   if (items.empty()) return;
+  // Pages for every item, checked per pool before any state changes.
+  std::vector<std::pair<PagePool*, size_t>> need;
+  for (const BatchItem& it : items) {
+    PagePool* p = it.state->pool();
+    if (!p) continue;
+    auto n = std::find_if(need.begin(), need.end(), [&](const auto& e) { return e.first == p; });
+    if (n == need.end()) need.push_back({p, 0}), n = need.end() - 1;
+    n->second += it.state->bytes_needed(int64_t(it.tokens.size()));
+  }
+  for (const auto& [p, bytes] : need)
+    if (bytes > p->free_bytes())
+      throw CacheExhausted("KV cache pool exhausted: the step needs " + std::to_string(bytes) + " bytes, " +
+                           std::to_string(p->free_bytes()) + " free");
 
   Ctx cx;
   cx.items = items;

@@ -95,7 +95,8 @@ class Model {
                const ForwardOptions& opts, Workspace& ws) const;
   // One step over many sequences (distinct states): the projections run once over all rows,
   // attention per sequence. Throws std::invalid_argument before touching any state when an item is
-  // invalid; on a failure inside (cache exhausted) every state is restored.
+  // invalid or the pages it needs do not fit (CacheExhausted); should a page allocation still fail
+  // inside (another thread drew from the same pool), every state is restored.
   void forward_batch(std::span<BatchItem> items, const ForwardOptions& opts, Workspace& ws) const;
 
  private:
