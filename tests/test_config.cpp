@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/config.h"
+#include "model/v41/config.h"
 #include "io/safetensors.h"
 
 using namespace di;

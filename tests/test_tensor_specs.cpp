@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "io/config.h"
+#include "model/v41/config.h"
 #include "io/safetensors.h"
 #include "model/v41/tensor_specs.h"
 

@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "io/config.h"
+#include "model/v41/config.h"
 #include "model/v41/model.h"
 
 namespace di::bench {

@@ -3,9 +3,6 @@
 // there is work and sleeps on a condition variable otherwise.
 #include "engine/engine.h"
 
-#include "core/thread_pool.h"
-#include "kernels/cpu/kernels.h"
-
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -46,23 +43,19 @@ void check_options(const EngineOptions& o) {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(std::shared_ptr<const v41::Model> model, const EngineOptions& opts)
+  EngineImpl(std::shared_ptr<const Model> model, const EngineOptions& opts)
       : model_(std::move(model)),
         opts_(opts),
         sched_(*model_, opts_),
-        rng_(std::random_device{}()),
-        pool_(opts.threads > 0 ? opts.threads : ThreadPool::default_threads()) {
+        rng_(std::random_device{}()) {
     stats_.cache_bytes_budget = opts_.cache_budget_bytes;
     stats_.state_bytes_budget = opts_.state_budget_bytes;
-    thread_ = std::thread([this] {
-      kern::set_default_pool(&pool_);  // this thread's forward passes use the engine's pool
-      loop();
-    });
+    thread_ = std::thread([this] { loop(); });
   }
   ~EngineImpl() override { shutdown(); }
 
   SubmitResult submit(RequestParams params, std::shared_ptr<RequestSink> sink) override {
-    SubmitResult r = validate_request(params, model_->config(), opts_,
+    SubmitResult r = validate_request(params, model_->info(), opts_,
                                       [this](int64_t n) { return sched_.sequence_bytes(n); });
     std::lock_guard lk(mu_);
     if (r.error == SubmitError::None && stopping_) {
@@ -127,7 +120,7 @@ class EngineImpl final : public Engine {
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
   }
 
-  const v41::Model& model() const override { return *model_; }
+  const Model& model() const override { return *model_; }
 
  private:
   struct Pending {
@@ -219,7 +212,7 @@ class EngineImpl final : public Engine {
     stats_.prefix_cache_evictions = sched_.prefix_cache().evictions();
   }
 
-  std::shared_ptr<const v41::Model> model_;
+  std::shared_ptr<const Model> model_;
   EngineOptions opts_;
   Scheduler sched_;  // engine thread only (sequence_bytes is const and safe from any thread)
 
@@ -235,13 +228,12 @@ class EngineImpl final : public Engine {
   int64_t inbox_tokens_ = 0;
   double tokens_per_s_ = 0;
   EngineStats stats_;
-  ThreadPool pool_;
   std::thread thread_;
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> Engine::create(std::shared_ptr<const v41::Model> model, const EngineOptions& opts) {
+std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const EngineOptions& opts) {
   if (!model) throw std::invalid_argument("Engine::create: no model");
   check_options(opts);
   return std::make_unique<EngineImpl>(std::move(model), opts);

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/v41/model.h"
+#include "model/model.h"
 
 namespace di::engine {
 
@@ -92,7 +92,6 @@ struct EngineOptions {
   int64_t max_context = 0;       // prompt + max_tokens limit; 0 = model's max_position_embeddings
   bool prefix_cache = true;
   bool priority_scheduling = false;  // else FCFS
-  int threads = 0;               // kernel threads; 0 = all cores
   int max_rollback = 8;
 };
 
@@ -123,7 +122,8 @@ struct EngineStats {
 
 class Engine {
  public:
-  static std::unique_ptr<Engine> create(std::shared_ptr<const v41::Model> model, const EngineOptions& opts);
+  // The model's own thread pool (LoadOptions::threads) runs the kernels of its forward passes.
+  static std::unique_ptr<Engine> create(std::shared_ptr<const Model> model, const EngineOptions& opts);
   virtual ~Engine() = default;
   virtual SubmitResult submit(RequestParams params, std::shared_ptr<RequestSink> sink) = 0;
   // Frees the request's pages at the next step; its choices finish with Cancelled. Unknown ids are ignored.
@@ -138,7 +138,7 @@ class Engine {
   virtual EngineStats stats() const = 0;
   // Finishes running work with Cancelled and stops the engine thread.
   virtual void shutdown() = 0;
-  virtual const v41::Model& model() const = 0;
+  virtual const Model& model() const = 0;
 };
 
 }  // namespace di::engine

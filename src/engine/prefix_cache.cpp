@@ -97,9 +97,15 @@ struct PrefixCache::Entry {
   Entry* parent = nullptr;
   int children = 0;
   int refs = 0;
-  std::vector<v41::Page> kv, index_keys;  // per layer; null for layers without paged caches
+  std::vector<kvcache::PageRef> pages;  // one per stream
   size_t bytes = 0;
   std::list<Entry*>::iterator lru;
+  // A live sequence shares a page: evicting the entry would free nothing.
+  bool shared() const {
+    for (const auto& p : pages)
+      if (p.use_count() > 1) return true;
+    return false;
+  }
 };
 
 size_t PrefixCache::KeyHash::operator()(const CacheKey& k) const {
@@ -163,26 +169,19 @@ void PrefixCache::release(std::vector<Entry*>& held) {
   held.clear();
 }
 
-v41::PrefixPages PrefixCache::pages(std::span<Entry* const> entries) const {
-  v41::PrefixPages p;
+kvcache::PrefixPages PrefixCache::pages(std::span<Entry* const> entries) const {
+  kvcache::PrefixPages p;
   p.n_tokens = int64_t(entries.size()) * page_tokens_;
   if (entries.empty()) return p;
-  const size_t layers = entries[0]->kv.size();
-  p.compressed_kv.resize(layers);
-  p.index_keys.resize(layers);
-  for (size_t l = 0; l < layers; ++l) {
-    if (!entries[0]->kv[l]) continue;
-    p.compressed_kv[l].reserve(entries.size());
-    p.index_keys[l].reserve(entries.size());
-    for (Entry* e : entries) {
-      p.compressed_kv[l].push_back(e->kv[l]);
-      p.index_keys[l].push_back(e->index_keys[l]);
-    }
+  p.streams.resize(entries[0]->pages.size());
+  for (size_t s = 0; s < p.streams.size(); ++s) {
+    p.streams[s].reserve(entries.size());
+    for (Entry* e : entries) p.streams[s].push_back(e->pages[s]);
   }
   return p;
 }
 
-void PrefixCache::insert(const v41::SequenceState& state, std::span<const CacheKey> keys) {
+void PrefixCache::insert(const SequenceState& state, std::span<const CacheKey> keys) {
   const size_t n = std::min(keys.size(), size_t(state.pos() / page_tokens_));
   size_t k = 0;
   Entry* parent = nullptr;
@@ -194,19 +193,15 @@ void PrefixCache::insert(const v41::SequenceState& state, std::span<const CacheK
     lru_.splice(lru_.end(), lru_, parent->lru);
   }
   if (k == n) return;
-  const v41::PrefixPages all = state.share_prefix(int64_t(n) * page_tokens_);
-  const size_t layers = all.compressed_kv.size();
+  const kvcache::PrefixPages all = state.share_prefix(int64_t(n) * page_tokens_);
   for (; k < n; ++k) {
     auto e = std::make_unique<Entry>();
     e->key = keys[k];
     e->parent = parent;
-    e->kv.resize(layers);
-    e->index_keys.resize(layers);
-    for (size_t l = 0; l < layers; ++l) {
-      if (all.compressed_kv[l].empty()) continue;
-      e->kv[l] = all.compressed_kv[l][k];
-      e->index_keys[l] = all.index_keys[l][k];
-      e->bytes += (e->kv[l]->size() + e->index_keys[l]->size()) * sizeof(float);
+    e->pages.reserve(all.streams.size());
+    for (const auto& stream : all.streams) {
+      e->pages.push_back(stream[k]);
+      e->bytes += stream[k]->size();
     }
     if (parent) ++parent->children;
     bytes_ += e->bytes;
@@ -217,24 +212,14 @@ void PrefixCache::insert(const v41::SequenceState& state, std::span<const CacheK
   }
 }
 
-bool PrefixCache::evictable(const Entry& e) const {
-  if (e.refs > 0 || e.children > 0) return false;
-  for (size_t l = 0; l < e.kv.size(); ++l)
-    if (e.kv[l] && (e.kv[l].use_count() > 1 || e.index_keys[l].use_count() > 1)) return false;
-  return true;
-}
+bool PrefixCache::evictable(const Entry& e) const { return e.refs == 0 && e.children == 0 && !e.shared(); }
 
 size_t PrefixCache::reclaimable_bytes() const {
   // Entries held or shared by a live sequence form prefix-closed chains (a sequence holds or shares
   // every page before the ones it uses), so the rest can all be evicted, leaves first.
   size_t b = 0;
   for (const Entry* e : lru_)
-    if (e->refs == 0 && [&] {
-          for (size_t l = 0; l < e->kv.size(); ++l)
-            if (e->kv[l] && (e->kv[l].use_count() > 1 || e->index_keys[l].use_count() > 1)) return false;
-          return true;
-        }())
-      b += e->bytes;
+    if (e->refs == 0 && !e->shared()) b += e->bytes;
   return b;
 }
 
@@ -246,7 +231,7 @@ void PrefixCache::erase(Entry* e) {
   map_.erase(e->key);  // destroys e; its pages go back to the pool
 }
 
-bool PrefixCache::make_room(const v41::PagePool& pool, size_t bytes) {
+bool PrefixCache::make_room(const kvcache::PagePool& pool, size_t bytes) {
   while (pool.free_bytes() < bytes) {
     Entry* victim = nullptr;
     for (Entry* e : lru_)

@@ -1,11 +1,11 @@
-// Prefix cache: full pages of compressed KV / index keys, keyed by a SHA-256 hash chain.
+// Prefix cache: full token pages of sequences' paged caches, keyed by a SHA-256 hash chain.
 //
 // The key of token page k of a sequence is SHA-256(key of page k-1 || its page_tokens token ids as
 // u32 LE); page 0's parent is a root key that hashes the model/format id and the request's
 // cache_salt, so one key names one whole prefix in one namespace. A lookup walks the chain from
 // page 0 and stops at the first missing key.
 //
-// Entries hold one token page (its page in every KV-source cache). Sequences that adopted entries
+// Entries hold one token page: its page in every stream of the model's cache layout. Sequences that adopted entries
 // hold a reference on each; eviction takes least recently used entries that nobody references,
 // that have no cached children (a middle entry would strand its descendants), and whose pages no
 // live sequence shares (evicting those would free nothing).
@@ -20,7 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/v41/state.h"
+#include "kvcache/page_pool.h"
+#include "model/model.h"
 
 namespace di::engine {
 
@@ -63,14 +64,14 @@ class PrefixCache {
   size_t acquire(std::span<const CacheKey> keys, std::vector<Entry*>& held);
   void release(std::vector<Entry*>& held);  // drops the references and clears `held`
   // The pages of held entries, as SequenceState::adopt_prefix takes them.
-  v41::PrefixPages pages(std::span<Entry* const> entries) const;
+  kvcache::PrefixPages pages(std::span<Entry* const> entries) const;
 
   // Caches the full pages of `state` covered by `keys` that are not cached yet (keys[k] is the
   // key of token page k of the state's tokens); already cached ones are marked recently used.
-  void insert(const v41::SequenceState& state, std::span<const CacheKey> keys);
+  void insert(const SequenceState& state, std::span<const CacheKey> keys);
 
   // Evicts entries (LRU first) until `pool.free_bytes() >= bytes`. False if it cannot get there.
-  bool make_room(const v41::PagePool& pool, size_t bytes);
+  bool make_room(const kvcache::PagePool& pool, size_t bytes);
   // Evicts every entry it may (tests, shutdown).
   void evict_all();
 

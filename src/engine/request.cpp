@@ -4,8 +4,8 @@
 
 namespace di::engine {
 
-int64_t effective_max_context(const EngineOptions& opts, const V41Config& cfg) {
-  const int64_t model_limit = cfg.max_position_embeddings;
+int64_t effective_max_context(const EngineOptions& opts, const ModelInfo& model) {
+  const int64_t model_limit = model.max_context;
   return opts.max_context > 0 ? std::min(opts.max_context, model_limit) : model_limit;
 }
 
@@ -28,8 +28,8 @@ bool in_range(float v, float lo, float hi) { return std::isfinite(v) && v >= lo 
 
 }  // namespace
 
-SubmitResult validate_params(const RequestParams& p, const V41Config& cfg) {
-  const int64_t V = cfg.vocab_size;
+SubmitResult validate_params(const RequestParams& p, const ModelInfo& model) {
+  const int64_t V = model.vocab_size;
   const auto& s = p.sampling;
   if (p.prompt.empty()) return invalid("prompt: must not be empty");
   for (size_t i = 0; i < p.prompt.size(); ++i)

@@ -11,7 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/prefix_cache.h"
-#include "model/v41/model.h"
+#include "model/model.h"
 
 namespace di::engine {
 
@@ -26,7 +26,7 @@ struct Seq {
   Request* req = nullptr;
   int choice = 0;
   std::vector<int32_t> tokens;
-  std::optional<v41::SequenceState> state;
+  std::unique_ptr<SequenceState> state;
   std::vector<PrefixCache::Entry*> held;  // prefix-cache entries the state adopted
   std::vector<CacheKey> keys;             // hash chain of the full pages of `tokens` (lazily extended)
   uint64_t stream_key = 0;
@@ -61,23 +61,23 @@ struct Request {
 inline int64_t Seq::prompt_len() const { return int64_t(req->params.prompt.size()); }
 
 // The context limit in force: the option, capped by the model's position limit.
-int64_t effective_max_context(const EngineOptions& opts, const V41Config& cfg);
+int64_t effective_max_context(const EngineOptions& opts, const ModelInfo& model);
 
 // Checks a request before it is queued: parameters (Invalid, naming the field) and length (TooLong:
 // prompt + max_tokens against the context limit, and one choice's cache pages against the whole
 // budget, which could never be satisfied). `seq_bytes(n_tokens)` gives the cache bytes a sequence
 // of n_tokens tokens needs. Returns error None when the request is acceptable.
 template <class SeqBytes>
-SubmitResult validate_request(const RequestParams& p, const V41Config& cfg, const EngineOptions& opts,
+SubmitResult validate_request(const RequestParams& p, const ModelInfo& model, const EngineOptions& opts,
                               SeqBytes&& seq_bytes);
-SubmitResult validate_params(const RequestParams& p, const V41Config& cfg);
+SubmitResult validate_params(const RequestParams& p, const ModelInfo& model);
 
 template <class SeqBytes>
-SubmitResult validate_request(const RequestParams& p, const V41Config& cfg, const EngineOptions& opts,
+SubmitResult validate_request(const RequestParams& p, const ModelInfo& model, const EngineOptions& opts,
                               SeqBytes&& seq_bytes) {
-  SubmitResult r = validate_params(p, cfg);
+  SubmitResult r = validate_params(p, model);
   if (r.error != SubmitError::None) return r;
-  const int64_t limit = effective_max_context(opts, cfg);
+  const int64_t limit = effective_max_context(opts, model);
   const int64_t prompt = int64_t(p.prompt.size());
   r.error = SubmitError::TooLong;
   if (prompt >= limit) {

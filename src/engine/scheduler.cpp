@@ -15,18 +15,6 @@ class NullSink final : public RequestSink {
   void on_finish(const FinishEvent&) override {}
 };
 
-// Names the cache layout, so that pages of differently shaped models never share keys.
-std::string format_id(const V41Config& c, const EngineOptions& o) {
-  std::string s = "v41;fp32-rows;vocab=" + std::to_string(c.vocab_size) + ";dim=" + std::to_string(c.dim) +
-                  ";layers=" + std::to_string(c.n_layers) + ";head=" + std::to_string(c.head_dim) +
-                  ";index=" + std::to_string(c.index_head_dim) + ";window=" + std::to_string(c.window_size) +
-                  ";page=" + std::to_string(o.page_tokens) + ";ratios=";
-  for (int r : c.compress_ratios) s += std::to_string(r) + ",";
-  s += ";kv=";
-  for (int r : c.kv_source_layers) s += std::to_string(r) + ",";
-  return s;
-}
-
 template <class F>
 void notify(const char* what, uint64_t id, F&& f) {
   try {
@@ -47,16 +35,18 @@ bool Scheduler::Order::operator()(const Seq* a, const Seq* b) const {
   return a->choice < b->choice;
 }
 
-Scheduler::Scheduler(const v41::Model& model, const EngineOptions& opts)
+Scheduler::Scheduler(const Model& model, const EngineOptions& opts)
     : model_(model),
       opts_(opts),
-      max_context_(effective_max_context(opts, model.config())),
+      max_context_(effective_max_context(opts, model.info())),
       pool_(opts.cache_budget_bytes),
       state_pool_(opts.state_budget_bytes ? opts.state_budget_bytes : SIZE_MAX),
-      cache_(opts.page_tokens, format_id(model.config(), opts)),
-      blank_(model.new_state(opts.max_rollback, opts.page_tokens, nullptr)),
-      page_set_bytes_(blank_.bytes_needed(1)),
-      sampler_(model.sampleable_vocab()),
+      // The model's cache format keys the prefix cache: pages of different models never mix.
+      cache_(opts.page_tokens, model.info().cache_format),
+      blank_(model.new_state({opts.max_rollback, opts.page_tokens, nullptr, nullptr})),
+      page_set_bytes_(blank_->bytes_needed(1)),
+      sampler_(model.info().sampleable_vocab),
+      ws_(model.new_workspace()),
       waiting_(Order{opts.priority_scheduling}) {}
 
 Scheduler::~Scheduler() {
@@ -167,21 +157,21 @@ bool Scheduler::admit(Seq* s, int64_t& budget) {
   const int pt = opts_.page_tokens;
   // Every choice of the request needs its own fixed state: admit only when all of them fit, with
   // the choices that running requests will fork after their prompts still counted as taken.
-  const size_t fixed = blank_.fixed_bytes();
+  const size_t fixed = blank_->fixed_bytes();
   auto pending_forks = [&](const Request* q) { return q->forked ? 0 : fixed * size_t(std::max(0, q->params.n - 1)); };
   size_t promised = 0;
   for (const Seq* o : running_)
     if (o->choice == 0 && o->state) promised += pending_forks(o->req);
   if (state_pool_.free_bytes() < fixed + pending_forks(r) + promised) return false;
-  s->state.emplace(model_.new_state(opts_.max_rollback, pt, &pool_, &state_pool_));
+  s->state = model_.new_state({opts_.max_rollback, pt, &pool_, &state_pool_});
   int64_t cached = 0;
   if (opts_.prefix_cache) {
     // At least one token must run to produce the next token's logits.
     const size_t max_pages = size_t((L - 1) / pt);
     cache_.extend_keys(r->cache_root, s->tokens, max_pages, s->keys);
     const size_t m = cache_.acquire(std::span(s->keys).first(std::min(max_pages, s->keys.size())), s->held);
-    // A prefix no longer than the window replay costs more to rebuild than to recompute.
-    if (int64_t(m) * pt > model_.replay_tokens()) {
+    // A prefix no longer than the model's resume replay costs more to rebuild than to recompute.
+    if (int64_t(m) * pt > model_.resume_tokens()) {
       cached = int64_t(m) * pt;
       s->state->adopt_prefix(cache_.pages(s->held), std::span(s->tokens).first(size_t(cached)));
     } else {
@@ -214,7 +204,7 @@ bool Scheduler::admit(Seq* s, int64_t& budget) {
     const StartEvent ev{int(r->params.prompt.size()), int(cached)};
     notify("on_start", r->id, [&] { r->sink->on_start(ev); });
   }
-  if (cached > 0) model_.rebuild_windows(*s->state, ws_);
+  if (cached > 0) model_.resume(*s->state, *ws_);
   schedule(s, c);
   budget -= c;
   return true;
@@ -297,8 +287,8 @@ void Scheduler::run_batch() {
   for (size_t i = 0; i < items_.size(); ++i) items_[i].logits = &logits_[i];
   const auto t0 = Clock::now();
   try {
-    model_.forward_batch(items_, {}, ws_);
-  } catch (const v41::CacheExhausted& e) {
+    model_.forward_batch(items_, *ws_);
+  } catch (const kvcache::CacheExhausted& e) {
     // Nothing ran (the model checks before touching state). Our estimate missed: back off by
     // preempting the lowest-ranked choice of the batch, and plan again next step.
     spdlog::warn("engine: {}; preempting to recover", e.what());
@@ -369,7 +359,7 @@ void Scheduler::fork(Seq* leader) {
     f->choice = c;
     f->tokens.reserve(leader->tokens.capacity());
     f->tokens = leader->tokens;
-    f->state.emplace(*leader->state);  // shares every page; a partial page is copied on first write
+    f->state = leader->state->clone();  // shares every page; a partial page is copied on first write
     f->keys = leader->keys;
     f->stream_key = choice_stream_key(r->seed, c);
     f->where = Seq::Where::Running;
@@ -398,7 +388,7 @@ void Scheduler::sample_and_emit(Seq* s, const float* logits) {
     r->any_token = true;
     r->first_token = now;
   }
-  const bool eos = !p.ignore_eos && t == int32_t(model_.config().eos_token_id);
+  const bool eos = !p.ignore_eos && t == model_.info().eos_id;
   if (eos || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end()) {
     finish(s, FinishReason::Stop, t);
     return;

@@ -22,7 +22,8 @@
 #include "engine/prefix_cache.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
-#include "model/v41/model.h"
+#include "kvcache/page_pool.h"
+#include "model/model.h"
 
 namespace di::engine {
 
@@ -42,7 +43,7 @@ struct SchedulerCounters {
 
 class Scheduler {
  public:
-  Scheduler(const v41::Model& model, const EngineOptions& opts);
+  Scheduler(const Model& model, const EngineOptions& opts);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -67,13 +68,13 @@ class Scheduler {
   int running_choices() const { return int(running_.size()); }
   int waiting_choices() const { return int(waiting_.size()); }
   const SchedulerCounters& counters() const { return counters_; }
-  const v41::PagePool& pool() const { return pool_; }
-  const v41::PagePool& state_pool() const { return state_pool_; }
+  const kvcache::PagePool& pool() const { return pool_; }
+  const kvcache::PagePool& state_pool() const { return state_pool_; }
   PrefixCache& prefix_cache() { return cache_; }
   const PrefixCache& prefix_cache() const { return cache_; }
   const EngineOptions& options() const { return opts_; }
   // Cache bytes a fresh sequence of n_tokens tokens needs.
-  size_t sequence_bytes(int64_t n_tokens) const { return blank_.bytes_needed(n_tokens); }
+  size_t sequence_bytes(int64_t n_tokens) const { return blank_->bytes_needed(n_tokens); }
 
  private:
   struct Order {
@@ -100,16 +101,16 @@ class Scheduler {
   void drop_state(Seq* s, bool cache_pages);
   void fail_batch(const std::string& error);
 
-  const v41::Model& model_;
+  const Model& model_;
   EngineOptions opts_;
   int64_t max_context_;
-  v41::PagePool pool_;
-  v41::PagePool state_pool_;  // fixed per-sequence state
+  kvcache::PagePool pool_;
+  kvcache::PagePool state_pool_;  // fixed per-sequence state
   PrefixCache cache_;
-  v41::SequenceState blank_;  // for sizing: bytes a fresh sequence needs
+  std::unique_ptr<SequenceState> blank_;  // for sizing: bytes a fresh sequence needs
   size_t page_set_bytes_;     // one token page in every paged cache
   TokenSampler sampler_;
-  v41::Workspace ws_;
+  std::unique_ptr<Workspace> ws_;
 
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::set<Seq*, Order> waiting_;
@@ -117,7 +118,7 @@ class Scheduler {
   int64_t next_arrival_ = 0;
 
   // The step being built.
-  std::vector<v41::BatchItem> items_;
+  std::vector<BatchItem> items_;
   std::vector<Seq*> item_seqs_;
   std::vector<std::vector<float>> logits_;
   size_t committed_ = 0;  // bytes the step's items will allocate

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "io/config.h"
+#include "model/v41/config.h"
 
 namespace di::v41 {
 

@@ -125,7 +125,10 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   check_cancel();
   validate_v41_checkpoint(*m->ckpt_, m->cfg_);
   m->w_ = bind_weights(*m->ckpt_, m->cfg_);
-  {
+  if (opts.threads > 0) m->pool_ = std::make_unique<ThreadPool>(opts.threads);
+  if (m->pool_) {
+    m->packed_ = repack_weights(m->w_, m->pool_.get(), opts.cancel, opts.numerics);
+  } else {
     ThreadPool pool(ThreadPool::default_threads());
     m->packed_ = repack_weights(m->w_, &pool, opts.cancel, opts.numerics);
   }
@@ -148,8 +151,102 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   m->freqs_base_ = rope_frequencies(c.rope_head_dim, c.rope_theta, 0, c.rope_factor, c.beta_fast, c.beta_slow);
   m->freqs_yarn_ = rope_frequencies(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len, c.rope_factor,
                                     c.beta_fast, c.beta_slow);
+  ModelInfo& info = m->info_;
+  info.arch = "deepseek_v4.1";
+  info.vocab_size = c.vocab_size;
+  info.sampleable_vocab = m->sampleable_vocab();
+  info.max_context = c.max_position_embeddings;
+  info.bos_id = int32_t(c.bos_token_id);
+  info.eos_id = int32_t(c.eos_token_id);
+  info.chat_format = "deepseek-v4.1";
+  info.numerics = m->numerics_;
+  info.cache_format = cache_format(c, m->numerics_) + (m->policy_ == IndexKeyPolicy::Reference ? ";index-keys=reference" : "");
   return m;
 }
+
+void Model::set_index_key_policy(IndexKeyPolicy p) {
+  policy_ = p;
+  // The policy changes what later layers compute, so it names a different cache format.
+  info_.cache_format = cache_format(cfg_, numerics_) + (p == IndexKeyPolicy::Reference ? ";index-keys=reference" : "");
+}
+
+std::string cache_format(const V41Config& c, Numerics numerics) {
+  std::string s = "v41;fp32-rows;" + std::string(numerics_name(numerics)) + ";vocab=" + std::to_string(c.vocab_size) +
+                  ";dim=" + std::to_string(c.dim) + ";layers=" + std::to_string(c.n_layers) +
+                  ";head=" + std::to_string(c.head_dim) + ";index=" + std::to_string(c.index_head_dim) +
+                  ";window=" + std::to_string(c.window_size) + ";ratios=";
+  for (int r : c.compress_ratios) s += std::to_string(r) + ",";
+  s += ";kv=";
+  for (int r : c.kv_source_layers) s += std::to_string(r) + ",";
+  return s;
+}
+
+std::unique_ptr<di::Model> load_as_model(const std::string& model_dir, const di::LoadOptions& opts) {
+  LoadOptions lo;
+  lo.tokenizer_path = opts.tokenizer_path;
+  lo.numerics = opts.numerics;
+  lo.cancel = opts.cancel;
+  lo.threads = opts.threads > 0 ? opts.threads : ThreadPool::default_threads();
+  return Model::load(model_dir, lo);
+}
+
+std::vector<kvcache::StreamLayout> Model::cache_layout(int page_tokens) const {
+  std::vector<kvcache::StreamLayout> out;
+  for (int i = 0; i < cfg_.n_layers; ++i) {
+    if (!cfg_.is_kv_source(i)) continue;
+    const int rows = page_tokens / cfg_.compress_ratio(i);
+    const std::string layer = "layer" + std::to_string(i);
+    out.push_back({layer + ".compressed_kv", rows, size_t(cfg_.head_dim) * sizeof(float), kvcache::ElementType::F32});
+    out.push_back({layer + ".index_keys", rows, size_t(cfg_.index_head_dim) * sizeof(float), kvcache::ElementType::F32});
+  }
+  return out;
+}
+
+std::unique_ptr<di::SequenceState> Model::new_state(const StateOptions& o) const {
+  return std::make_unique<SequenceState>(cfg_, o.max_rollback, o.page_tokens, o.pool, o.state_pool);
+}
+
+namespace {
+// The model's own pool for the kernels while a forward call runs on this thread.
+class PoolScope {
+ public:
+  explicit PoolScope(ThreadPool* pool) : set_(pool != nullptr), previous_(kern::default_pool()) {
+    if (set_) kern::set_default_pool(pool);
+  }
+  ~PoolScope() {
+    if (set_) kern::set_default_pool(previous_);
+  }
+  PoolScope(const PoolScope&) = delete;
+  PoolScope& operator=(const PoolScope&) = delete;
+
+ private:
+  bool set_;
+  ThreadPool* previous_;
+};
+
+SequenceState& own_state(di::SequenceState* s) {
+  auto* st = dynamic_cast<SequenceState*>(s);
+  if (!st) throw std::invalid_argument("forward: a sequence state of another model");
+  return *st;
+}
+Workspace& own_workspace(di::Workspace& ws) {
+  auto* w = dynamic_cast<Workspace*>(&ws);
+  if (!w) throw std::invalid_argument("forward: a workspace of another model");
+  return *w;
+}
+}  // namespace
+
+void Model::forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) const {
+  Workspace& w = own_workspace(ws);
+  w.items.clear();  // the concrete forward_batch does not use w.items itself
+  for (const auto& it : items) {
+    if (!it.state) throw std::invalid_argument("forward: batch item without a state");
+    w.items.push_back({&own_state(it.state), it.tokens, it.all_logits, it.logits});
+  }
+  forward_batch(w.items, ForwardOptions{}, w);
+}
+
+void Model::resume(di::SequenceState& state, di::Workspace& ws) const { rebuild_windows(own_state(&state), own_workspace(ws)); }
 
 void Model::linear(const float* x, int64_t m, const ref::Fp8Weight& w, float* y) const {
   numerics_ == Numerics::Fast ? kern::fast::linear_fp8(x, m, w, y) : kern::linear_fp8(x, m, w, y);
@@ -332,8 +429,8 @@ void Model::compress(int layer, Ctx& c, Segment& g, float* kv_new, float* gate_n
     }
   });
   for (int64_t e = 0; e < count; ++e) {
-    std::copy(key + size_t(e) * ID, key + size_t(e + 1) * ID, Ls.index_keys.append());
-    std::copy(lat + size_t(e) * D, lat + size_t(e + 1) * D, Ls.compressed_kv.append());
+    std::copy(key + size_t(e) * ID, key + size_t(e + 1) * ID, Ls.index_keys.append<float>());
+    std::copy(lat + size_t(e) * D, lat + size_t(e + 1) * D, Ls.compressed_kv.append<float>());
   }
 }
 
@@ -360,7 +457,7 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* iq, const f
   float* score = sized(ws.scores, size_t(g.S) * width);
   const int64_t n_keys = std::min<int64_t>(width, keys.size());
   const float** key_rows = sized(ws.key_rows, size_t(n_keys));
-  for (int64_t u = 0; u < n_keys; ++u) key_rows[u] = keys.row(u);
+  for (int64_t u = 0; u < n_keys; ++u) key_rows[u] = keys.row<float>(u);
   // Work items: (row, slice of the keys); decode has one row, so its keys are split instead.
   const int64_t parts = row_parts(g.S), slice = (width + parts - 1) / parts;
   for_rows(g.S * parts, [&](int64_t i0, int64_t i1) {
@@ -528,7 +625,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
       while (n < W) rows[size_t(n++)] = nullptr;
       for (int j = 0; j < k; ++j) {
         const int32_t e = topk[size_t(s) * k + size_t(j)];
-        rows[size_t(n++)] = e >= 0 ? ckv->row(e) : nullptr;
+        rows[size_t(n++)] = e >= 0 ? ckv->row<float>(e) : nullptr;
       }
       float* os = o + size_t(g.row0 + s) * H * D;
       sparse_attention(q + (size_t(g.row0 + s) * H + h0) * D, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale,
@@ -811,6 +908,7 @@ void Model::run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens)
 }
 
 void Model::rebuild_windows(SequenceState& st, Workspace& ws) const {
+  PoolScope pool_scope(pool_.get());
   const int64_t n = st.pos();
   if (n == 0) return;
   const int64_t s0 = std::max<int64_t>(0, n - replay_tokens());
@@ -833,6 +931,7 @@ void Model::forward(SequenceState& st, std::span<const int32_t> tokens, std::vec
 }
 
 void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts, Workspace& ws) const {
+  PoolScope pool_scope(pool_.get());
   const auto& cf = cfg_;
   // Validate everything before any state changes.
   if (items.empty()) throw std::invalid_argument("forward: empty batch");

@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "core/numerics.h"
-#include "io/config.h"
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "model/model.h"
+#include "model/v41/config.h"
 #include "model/v41/engram_hash.h"
 #include "model/v41/state.h"
 #include "model/v41/weights.h"
@@ -33,6 +35,9 @@ struct LoadOptions {
   // Set from another thread to stop a load early (a server shut down while loading): checked
   // between the load's stages and between weights, then LoadCancelled is thrown.
   const std::atomic<bool>* cancel = nullptr;
+  // Kernel threads of the model's own pool, used by every forward call (and by the load's
+  // repacking); 0 = no pool of its own: calls use the calling thread's kern default pool.
+  int threads = 0;
 };
 
 // Optional taps into the forward pass (tests, debugging). Stream arguments are [S][hc][dim]
@@ -89,7 +94,8 @@ struct Segment {
 }  // namespace detail
 
 // Scratch memory reused across calls, so a warm forward pass does not allocate.
-struct Workspace {
+struct Workspace final : di::Workspace {
+  std::vector<BatchItem> items;  // the interface's batch, as this model's items
   std::vector<float> stream, stream2, pre_mix, x, f, y, tmp, mix, qr, q, kv, attn_out, logits_rows, head_out;
   std::vector<float> coef_pre, coef_post, coef_comb, next_pre;
   std::vector<int32_t> comp_tokens, history, hash_ids, topk, expert_ids, order, top_blocks, slots;
@@ -106,7 +112,9 @@ struct Workspace {
   std::vector<std::span<const int32_t>> token_spans;
 };
 
-class Model {
+// The interface (di::Model) is implemented on top of the concrete API below, which keeps what only
+// V4.1 has (observers, the index-key policy, the Engram token map) for its own tests and tools.
+class Model final : public di::Model {
  public:
   // Loads MODEL_DIR (config.json + safetensors). Validates config and tensors; throws LoadError
   // (LoadCancelled when opts.cancel was set).
@@ -122,7 +130,8 @@ class Model {
   }
   IndexKeyPolicy index_key_policy() const { return policy_; }
   Numerics numerics() const { return numerics_; }
-  void set_index_key_policy(IndexKeyPolicy p) { policy_ = p; }
+  void set_index_key_policy(IndexKeyPolicy p);
+  ThreadPool* thread_pool() const { return pool_.get(); }
   SequenceState new_state(int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr,
                           PagePool* state_pool = nullptr) const {
     return SequenceState(cfg_, max_rollback, page_tokens, pool, state_pool);
@@ -142,6 +151,15 @@ class Model {
   // replay reproduces the rings of an uncached run exactly.
   void rebuild_windows(SequenceState& state, Workspace& ws) const;
   int64_t replay_tokens() const { return int64_t(cfg_.n_layers) * (cfg_.window_size - 1) + cfg_.window_size; }
+
+  // di::Model. Streams: per KV-source layer, "layer<i>.compressed_kv" then "layer<i>.index_keys".
+  const ModelInfo& info() const override { return info_; }
+  std::vector<kvcache::StreamLayout> cache_layout(int page_tokens) const override;
+  std::unique_ptr<di::SequenceState> new_state(const StateOptions& opts) const override;
+  std::unique_ptr<di::Workspace> new_workspace() const override { return std::make_unique<Workspace>(); }
+  void forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) const override;
+  int64_t resume_tokens() const override { return replay_tokens(); }
+  void resume(di::SequenceState& state, di::Workspace& ws) const override;
 
  private:
   Model() = default;
@@ -171,6 +189,8 @@ class Model {
                         const float* attn_sink, float softmax_scale, float* out) const;
 
   V41Config cfg_;
+  ModelInfo info_;
+  std::unique_ptr<ThreadPool> pool_;  // LoadOptions::threads > 0
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   HugeBuffer packed_;  // repacked FP8/FP4 weights (repack_weights), when the kernels use them
@@ -181,5 +201,11 @@ class Model {
   std::vector<float> freqs_base_, freqs_yarn_;  // rope_head_dim/2 frequencies of the two RoPE kinds
   std::vector<float> wqk_;                      // per engram layer: q_weight * k_weight, fp32 [hc*dim]
 };
+
+// load_model's entry for V4.1 (model/model.cpp): LoadOptions::threads 0 = all cores.
+std::unique_ptr<di::Model> load_as_model(const std::string& model_dir, const di::LoadOptions& opts);
+
+// The cache-format id of ModelInfo: names the page layout and numerics.
+std::string cache_format(const V41Config& cfg, Numerics numerics);
 
 }  // namespace di::v41

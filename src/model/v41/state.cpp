@@ -7,94 +7,6 @@
 
 namespace di::v41 {
 
-struct PagePool::Counters {
-  std::atomic<size_t> used{0};
-  std::atomic<int64_t> pages{0};
-};
-
-PagePool::PagePool(size_t budget_bytes) : budget_(budget_bytes), counters_(std::make_shared<Counters>()) {}
-
-Page PagePool::allocate(size_t floats) {
-  const size_t bytes = floats * sizeof(float);
-  size_t used = counters_->used.load();
-  do {
-    if (used + bytes > budget_)
-      throw CacheExhausted("KV cache pool exhausted: " + std::to_string(used) + " of " + std::to_string(budget_) +
-                           " bytes in use, " + std::to_string(bytes) + " more needed");
-  } while (!counters_->used.compare_exchange_weak(used, used + bytes));
-  counters_->pages.fetch_add(1);
-  auto c = counters_;
-  return Page(new std::vector<float>(floats), [c, bytes](std::vector<float>* p) {
-    c->used.fetch_sub(bytes);
-    c->pages.fetch_sub(1);
-    delete p;
-  });
-}
-
-std::shared_ptr<void> PagePool::reserve(size_t bytes) {
-  size_t used = counters_->used.load();
-  do {
-    if (used + bytes > budget_)
-      throw CacheExhausted("state pool exhausted: " + std::to_string(used) + " of " + std::to_string(budget_) +
-                           " bytes in use, " + std::to_string(bytes) + " more needed");
-  } while (!counters_->used.compare_exchange_weak(used, used + bytes));
-  auto c = counters_;
-  return std::shared_ptr<void>(nullptr, [c, bytes](void*) { c->used.fetch_sub(bytes); });
-}
-
-size_t PagePool::used_bytes() const { return counters_->used.load(); }
-size_t PagePool::free_bytes() const { return budget_ - std::min(budget_, used_bytes()); }
-int64_t PagePool::pages_in_use() const { return counters_->pages.load(); }
-
-Page RowCache::new_page() const {
-  const size_t floats = size_t(rows_per_page_) * size_t(width_);
-  return pool_ ? pool_->allocate(floats) : std::make_shared<std::vector<float>>(floats);
-}
-
-float* RowCache::append() {
-  const int64_t slot = n_ % rows_per_page_;
-  const size_t page = size_t(n_ / rows_per_page_);
-  if (page == pages_.size()) {
-    pages_.push_back(new_page());
-  } else if (pages_[page].use_count() > 1) {
-    Page copy = new_page();  // copy-on-write
-    std::copy(pages_[page]->begin(), pages_[page]->end(), copy->begin());
-    pages_[page] = std::move(copy);
-  }
-  ++n_;
-  return pages_[page]->data() + slot * width_;
-}
-
-size_t RowCache::bytes_needed(int64_t rows) const {
-  if (width_ == 0 || rows <= 0) return 0;
-  const int64_t have = int64_t(pages_.size()) * rows_per_page_;
-  int64_t pages = std::max<int64_t>(0, (n_ + rows - have + rows_per_page_ - 1) / rows_per_page_);
-  // Writing into a partly filled page that another owner shares first copies it.
-  if (n_ % rows_per_page_ != 0 && pages_.back().use_count() > 1) ++pages;
-  return size_t(pages) * page_bytes();
-}
-
-std::vector<Page> RowCache::share_pages(size_t n_pages) const {
-  if (n_pages > pages_.size() || int64_t(n_pages) * rows_per_page_ > n_)
-    throw std::out_of_range("RowCache::share_pages: " + std::to_string(n_pages) + " full pages requested, " +
-                            std::to_string(n_ / rows_per_page_) + " available");
-  return std::vector<Page>(pages_.begin(), pages_.begin() + std::ptrdiff_t(n_pages));
-}
-
-void RowCache::adopt(std::vector<Page> pages, int64_t rows) {
-  if (rows > int64_t(pages.size()) * rows_per_page_) throw std::invalid_argument("RowCache::adopt: too few pages");
-  for (const auto& p : pages)
-    if (!p || p->size() != size_t(rows_per_page_) * size_t(width_)) throw std::invalid_argument("RowCache::adopt: page size mismatch");
-  pages_ = std::move(pages);
-  n_ = rows;
-}
-
-void RowCache::truncate(int64_t n) {
-  if (n < 0 || n > n_) throw std::out_of_range("RowCache::truncate: " + std::to_string(n) + " of " + std::to_string(n_));
-  n_ = n;
-  pages_.resize(size_t((n_ + rows_per_page_ - 1) / rows_per_page_));
-}
-
 SequenceState::SequenceState(const V41Config& cfg, int max_rollback, int page_tokens, PagePool* pool, PagePool* state_pool)
     : max_rollback_(max_rollback),
       window_cap_(cfg.window_size + max_rollback),
@@ -117,8 +29,8 @@ SequenceState::SequenceState(const V41Config& cfg, int max_rollback, int page_to
     if (cfg.is_kv_source(i)) {
       if (cfg.compress_ratio(i) > 1) L.comp_inputs.assign(size_t(comp_cap_) * 2 * size_t(cfg.head_dim), 0.f);
       const int rows_per_page = page_tokens / cfg.compress_ratio(i);
-      L.compressed_kv = RowCache(cfg.head_dim, rows_per_page, pool);
-      L.index_keys = RowCache(cfg.index_head_dim, rows_per_page, pool);
+      L.compressed_kv = RowCache(size_t(cfg.head_dim) * sizeof(float), rows_per_page, pool);
+      L.index_keys = RowCache(size_t(cfg.index_head_dim) * sizeof(float), rows_per_page, pool);
     }
   }
   fixed_ = PoolReservation(state_pool, fixed_bytes());
@@ -132,7 +44,7 @@ void SequenceState::truncate(int64_t p) {
   // max_rollback extra positions, so the rows for positions < p are still intact.
   for (size_t i = 0; i < layers_.size(); ++i) {
     auto& L = layers_[i];
-    if (L.compressed_kv.width() == 0) continue;
+    if (L.compressed_kv.empty_layout()) continue;
     const int64_t keep = p / ratios_[i];  // groups completed before p
     L.compressed_kv.truncate(keep);
     L.index_keys.truncate(keep);
@@ -145,7 +57,7 @@ size_t SequenceState::bytes_needed(int64_t n_tokens) const {
   size_t b = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const auto& L = layers_[i];
-    if (L.compressed_kv.width() == 0) continue;
+    if (L.compressed_kv.empty_layout()) continue;
     const int64_t rows = (pos() + n_tokens) / ratios_[i] - pos() / ratios_[i];
     b += L.compressed_kv.bytes_needed(rows) + L.index_keys.bytes_needed(rows);
   }
@@ -158,26 +70,27 @@ PrefixPages SequenceState::share_prefix(int64_t n_tokens) const {
                                 std::to_string(page_tokens_) + "-token pages within " + std::to_string(pos()));
   PrefixPages p;
   p.n_tokens = n_tokens;
-  p.compressed_kv.resize(layers_.size());
-  p.index_keys.resize(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (layers_[i].compressed_kv.width() == 0) continue;
-    const size_t n_pages = size_t(n_tokens / page_tokens_);
-    p.compressed_kv[i] = layers_[i].compressed_kv.share_pages(n_pages);
-    p.index_keys[i] = layers_[i].index_keys.share_pages(n_pages);
+  const size_t n_pages = size_t(n_tokens / page_tokens_);
+  for (const auto& L : layers_) {
+    if (L.compressed_kv.empty_layout()) continue;
+    p.streams.push_back(L.compressed_kv.share_pages(n_pages));
+    p.streams.push_back(L.index_keys.share_pages(n_pages));
   }
   return p;
 }
 
 void SequenceState::adopt_prefix(const PrefixPages& pages, std::span<const int32_t> tokens) {
   if (pos() != 0) throw std::logic_error("adopt_prefix: the state is not empty");
-  if (int64_t(tokens.size()) != pages.n_tokens || pages.compressed_kv.size() != layers_.size())
+  size_t streams = 0;
+  for (const auto& L : layers_) streams += L.compressed_kv.empty_layout() ? 0 : 2;
+  if (int64_t(tokens.size()) != pages.n_tokens || pages.streams.size() != streams)
     throw std::invalid_argument("adopt_prefix: pages do not match the tokens or the model");
+  size_t s = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    if (layers_[i].compressed_kv.width() == 0) continue;
+    if (layers_[i].compressed_kv.empty_layout()) continue;
     const int64_t rows = pages.n_tokens / ratios_[i];
-    layers_[i].compressed_kv.adopt(pages.compressed_kv[i], rows);
-    layers_[i].index_keys.adopt(pages.index_keys[i], rows);
+    layers_[i].compressed_kv.adopt(pages.streams[s++], rows);
+    layers_[i].index_keys.adopt(pages.streams[s++], rows);
   }
   tokens_.assign(tokens.begin(), tokens.end());
   rollback_floor_ = pages.n_tokens;  // the window rings only get the prefix's last window back

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "io/config.h"
+#include "model/v41/config.h"
 #include "io/safetensors.h"
 
 namespace di {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/dtypes.h"
-#include "io/config.h"
+#include "model/v41/config.h"
 
 namespace di::v41 {
 

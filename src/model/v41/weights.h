@@ -9,7 +9,7 @@
 
 #include "core/huge_buffer.h"
 #include "core/numerics.h"
-#include "io/config.h"
+#include "model/v41/config.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/ref_ops.h"
 

@@ -1,4 +1,4 @@
-// Model configuration: the HF config.json of a V4.1 release (top level + text_config +
+// The V4.1 model configuration: the HF config.json of a V4.1 release (top level + text_config +
 // quantization_config) mapped onto the official inference ModelArgs names.
 #pragma once
 

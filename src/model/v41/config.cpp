@@ -1,6 +1,7 @@
-#include "io/config.h"
+#include "model/v41/config.h"
 
 #include "io/file_util.h"
+#include "io/hf_config.h"
 
 #include <algorithm>
 #include <charconv>
@@ -142,13 +143,7 @@ V41Config V41Config::from_hf_file(const std::string& path) {
 }
 
 V41Config V41Config::from_hf_json_text(const std::string& text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw LoadError(origin + ": invalid JSON: " + e.what());
-  }
-  if (!j.is_object()) throw LoadError(origin + ": expected a JSON object at top level, got " + json_type_name(j));
+  const json j = parse_json_object(text, origin);
   V41Config c;
   const Section top(j, "", origin);
   std::string model_type;

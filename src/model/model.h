@@ -1,0 +1,123 @@
+// The architecture-neutral model interface: what the engine, server, CLI and bench see of a model.
+//
+// A Model is immutable after loading and may serve many sequences at once. Each sequence's state
+// (its caches and token history) is a SequenceState the model creates; the growing part of it
+// lives in pages of a kvcache::PagePool, laid out as the model's cache_layout() says, so that the
+// engine can share whole token pages between sequences (prefix cache, n > 1 choices) without
+// knowing what the rows mean. Architectures implement this in src/model/<arch>/ and register with
+// load_model (model.cpp).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/numerics.h"
+#include "kvcache/page_pool.h"
+
+namespace di {
+
+struct ModelInfo {
+  std::string arch;          // registry name: "deepseek_v4.1", "deepseek_v3"
+  // Names the page layout and the numerics that filled the pages: pages of models whose formats
+  // differ never share prefix-cache keys. Independent of the page size (the cache keys hash it).
+  std::string cache_format;
+  int64_t vocab_size = 0;        // rows of the logits
+  int64_t sampleable_vocab = 0;  // ids a sampler may produce (<= vocab_size)
+  int64_t max_context = 0;       // position limit
+  int32_t bos_id = 0, eos_id = 1;
+  std::string chat_format;  // chat_template.h name of the model's chat format ("v4.1", "v3", ...)
+  Numerics numerics = Numerics::Fast;
+};
+
+struct StateOptions {
+  int max_rollback = 8;  // positions truncate() may go back
+  int page_tokens = 64;  // tokens per page (must suit the model: e.g. a multiple of V4.1's ratios)
+  kvcache::PagePool* pool = nullptr;        // cache pages; null = outside any budget
+  kvcache::PagePool* state_pool = nullptr;  // fixed per-sequence state (charged per copy); null = none
+};
+
+// One sequence's state: everything a later chunk needs from earlier ones.
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  virtual int64_t pos() const = 0;  // tokens processed
+  virtual const std::vector<int32_t>& tokens() const = 0;
+  // Back to position p (p tokens kept); max(pos() - max_rollback, rollback_floor()) <= p <= pos().
+  // Throws otherwise.
+  virtual void truncate(int64_t p) = 0;
+  virtual int64_t rollback_floor() const = 0;
+  // Cache bytes that processing n_tokens more tokens would allocate from the pool.
+  virtual size_t bytes_needed(int64_t n_tokens) const = 0;
+  // Prefix sharing: the pages covering the first n_tokens tokens (a multiple of the page size and
+  // <= pos()), one list per stream of the model's cache layout; and an empty state that starts
+  // from such pages plus the prefix's tokens (Model::resume then rebuilds what pages do not hold).
+  virtual kvcache::PrefixPages share_prefix(int64_t n_tokens) const = 0;
+  virtual void adopt_prefix(const kvcache::PrefixPages& pages, std::span<const int32_t> tokens) = 0;
+  virtual size_t bytes() const = 0;        // all bytes held
+  virtual size_t fixed_bytes() const = 0;  // the per-sequence part outside pages (what a state pool is charged)
+  // A copy that shares every page (a partly filled page is copied on its first write); charges the
+  // state pool again (throws kvcache::CacheExhausted when it cannot).
+  virtual std::unique_ptr<SequenceState> clone() const = 0;
+};
+
+// Scratch memory a model reuses across forward calls (one per calling thread).
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+};
+
+// One sequence's part of a batched step: a prefill chunk, one decode token, or several tokens to
+// verify.
+struct BatchItem {
+  SequenceState* state = nullptr;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;               // logits of every position, else only the last
+  std::vector<float>* logits = nullptr;  // out: [1 or n][vocab_size], fp32
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  // The streams of a sequence's paged caches for pages of `page_tokens` tokens, in the order of
+  // PrefixPages::streams.
+  virtual std::vector<kvcache::StreamLayout> cache_layout(int page_tokens) const = 0;
+  virtual std::unique_ptr<SequenceState> new_state(const StateOptions& opts) const = 0;
+  virtual std::unique_ptr<Workspace> new_workspace() const = 0;
+  // One step over many sequences (states from new_state of this model). Each item's results are
+  // identical to running it alone. Throws before touching any state when an item is invalid or its
+  // pages do not fit (kvcache::CacheExhausted).
+  virtual void forward_batch(std::span<BatchItem> items, Workspace& ws) const = 0;
+  // After adopt_prefix, the model rebuilds the state that pages do not hold (V4.1: the sliding
+  // window rings) by re-running up to resume_tokens() tokens of the prefix; 0 = nothing to rebuild.
+  // A prefix no longer than that is cheaper to recompute than to resume.
+  virtual int64_t resume_tokens() const = 0;
+  virtual void resume(SequenceState& state, Workspace& ws) const = 0;
+};
+
+struct LoadOptions {
+  Numerics numerics = Numerics::Fast;
+  int threads = 0;  // kernel threads of the model's own pool; 0 = all cores, 1 = the calling thread only
+  std::string tokenizer_path;  // default MODEL_DIR/tokenizer.json (where the architecture needs it)
+  // Set from another thread to stop a load early: LoadCancelled is thrown.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+// Loads MODEL_DIR with the architecture its config.json names (`model_type`, else
+// `architectures`). Throws LoadError for an unknown or missing architecture and whatever the
+// architecture's loader throws.
+std::unique_ptr<Model> load_model(const std::string& model_dir, const LoadOptions& opts = {});
+
+// Registry names of the known architectures, and the config.json model_type each accepts.
+struct ArchitectureInfo {
+  std::string name;
+  std::vector<std::string> model_types, architectures;
+};
+std::vector<ArchitectureInfo> known_architectures();
+
+}  // namespace di
