@@ -11,8 +11,16 @@
 #include "model/v3/model.h"
 #include "test_v3_paths.h"
 
-using namespace di;
 using namespace di::v3;
+using di::all_finite;
+using di::Numerics;
+using di::numerics_from_env;
+// The concrete V3 types, over the interface's names in di.
+using di::v3::BatchItem;
+using di::v3::LoadOptions;
+using di::v3::Model;
+using di::v3::SequenceState;
+using di::v3::Workspace;
 
 namespace {
 
@@ -20,7 +28,7 @@ const Model& model() {
   static std::unique_ptr<Model> m = [] {
     LoadOptions o;
     o.numerics = numerics_from_env(Numerics::Fast);
-    return Model::load(test::v3_golden_model_dir(), o);
+    return Model::load(di::test::v3_golden_model_dir(), o);
   }();
   return *m;
 }
@@ -56,7 +64,7 @@ void expect_same_cache(const SequenceState& a, const SequenceState& b) {
   ASSERT_EQ(a.pos(), b.pos());
   for (size_t l = 0; l < a.caches().size(); ++l)
     for (int64_t t = 0; t < a.pos(); ++t)
-      ASSERT_EQ(std::memcmp(a.caches()[l].row(t), b.caches()[l].row(t), size_t(a.caches()[l].width()) * 4), 0)
+      ASSERT_EQ(std::memcmp(a.caches()[l].row(t), b.caches()[l].row(t), size_t(a.row_width()) * 4), 0)
           << "layer " << l << " row " << t;
 }
 
@@ -147,6 +155,10 @@ TEST(V3Batch, RollbackEqualsNeverRun) {
   expect_same_cache(*st, *fresh);
   EXPECT_THROW(st->truncate(61), std::out_of_range);
   EXPECT_THROW(st->truncate(-1), std::out_of_range);
+  auto small = model().new_state(4, 16);
+  run_chunked(*small, a, 60, ws);
+  EXPECT_THROW(small->truncate(55), std::out_of_range) << "beyond max_rollback";
+  small->truncate(56);
 }
 
 TEST(V3Batch, SharedPrefixPagesAndClone) {
@@ -167,7 +179,7 @@ TEST(V3Batch, SharedPrefixPagesAndClone) {
   const std::vector<float> want(full.begin() + 64 * model().config().vocab_size, full.end());
   EXPECT_TRUE(same_bits(rest, want));
   // Writing into a shared page copies it: the original state's rows stay as they were.
-  auto c = st->clone();
+  std::unique_ptr<SequenceState> c(static_cast<SequenceState*>(st->clone().release()));
   c->truncate(50);
   const auto other = tokens(5, 9);
   const size_t before = pool.used_bytes();
@@ -198,4 +210,53 @@ TEST(V3Batch, PoolExhaustionRestoresState) {
   std::vector<float> lg2;
   model().forward(*fresh, std::span<const int32_t>(a.data(), 16), lg2, {}, ws);
   EXPECT_TRUE(same_bits(lg, lg2));
+}
+
+// Through the architecture-neutral interface: load_model dispatches on config.json, and the
+// interface's batch gives the concrete model's bits.
+TEST(V3Batch, ModelInterface) {
+  LoadOptions lo;
+  lo.numerics = numerics_from_env(Numerics::Fast);
+  di::LoadOptions o;
+  o.numerics = lo.numerics;
+  o.threads = 2;
+  std::unique_ptr<di::Model> m = di::load_model(di::test::v3_golden_model_dir(), o);
+  EXPECT_EQ(m->info().arch, "deepseek_v3");
+  EXPECT_EQ(m->info().vocab_size, 129280);
+  EXPECT_EQ(m->info().chat_format, "deepseek-v3");
+  EXPECT_EQ(m->info().cache_format, model().info().cache_format);
+  EXPECT_EQ(m->resume_tokens(), 0);
+  const auto layout = m->cache_layout(16);
+  ASSERT_EQ(layout.size(), 4u);
+  EXPECT_EQ(layout[0].name, "layer0.latent_rope");
+  EXPECT_EQ(layout[0].page_bytes(), size_t(16) * (32 + 16) * 4);
+  PagePool pool(size_t(16) << 20);
+  di::StateOptions so;
+  so.page_tokens = 16;
+  so.pool = &pool;
+  auto a = m->new_state(so), b = m->new_state(so);
+  auto ws = m->new_workspace();
+  const auto ta = tokens(20, 11), tb = tokens(3, 12);
+  std::vector<float> la, lb;
+  std::vector<di::BatchItem> items = {{a.get(), ta, false, &la}, {b.get(), tb, true, &lb}};
+  m->forward_batch(items, *ws);
+  EXPECT_EQ(a->pos(), 20);
+  EXPECT_EQ(pool.used_bytes(), size_t(2 + 1) * 4 * layout[0].page_bytes());
+  Workspace w;
+  auto ra = model().new_state(), rb = model().new_state();
+  std::vector<float> wa, wb;
+  model().forward(*ra, ta, wa, {}, w);
+  ForwardOptions all;
+  all.all_logits = true;
+  model().forward(*rb, tb, wb, all, w);
+  EXPECT_TRUE(same_bits(la, wa));
+  EXPECT_TRUE(same_bits(lb, wb));
+  // A prefix adopted from pages resumes with nothing to rebuild.
+  auto c = m->new_state(so);
+  c->adopt_prefix(a->share_prefix(16), std::span<const int32_t>(ta.data(), 16));
+  m->resume(*c, *ws);
+  std::vector<float> lc;
+  std::vector<di::BatchItem> one = {{c.get(), std::span<const int32_t>(ta.data() + 16, 4), false, &lc}};
+  m->forward_batch(one, *ws);
+  EXPECT_TRUE(same_bits(lc, la));
 }

@@ -18,13 +18,23 @@
 #include "model/v3/model.h"
 #include "test_v3_paths.h"
 
-using namespace di;
 using namespace di::v3;
+using di::bf16_to_f32;
+using di::Checkpoint;
+using di::DType;
+using di::Numerics;
+using di::TensorView;
+// The concrete V3 types, over the interface's names in di.
+using di::v3::BatchItem;
+using di::v3::LoadOptions;
+using di::v3::Model;
+using di::v3::SequenceState;
+using di::v3::Workspace;
 
 namespace {
 
 const Checkpoint& golden() {
-  static Checkpoint ck = Checkpoint::open(test::v3_golden_dir() + "/expected/golden.safetensors");
+  static Checkpoint ck = Checkpoint::open(di::test::v3_golden_dir() + "/expected/golden.safetensors");
   return ck;
 }
 
@@ -180,7 +190,7 @@ const Model& model(const char* which) {
     LoadOptions o;
     o.fp32 = std::string(which) == "fp32";
     o.numerics = std::string(which) == "exact" ? Numerics::Exact : Numerics::Fast;
-    m = Model::load(test::v3_golden_model_dir(), o);
+    m = Model::load(di::test::v3_golden_model_dir(), o);
   }
   return *m;
 }

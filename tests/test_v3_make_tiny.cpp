@@ -17,8 +17,17 @@
 #include "model/v3/model.h"
 #include "model/v3/tiny_generator.h"
 
-using namespace di;
 using namespace di::v3;
+using di::all_finite;
+using di::Checkpoint;
+using di::DType;
+using di::Numerics;
+// The concrete V3 types, over the interface's names in di.
+using di::v3::BatchItem;
+using di::v3::LoadOptions;
+using di::v3::Model;
+using di::v3::SequenceState;
+using di::v3::Workspace;
 namespace fs = std::filesystem;
 
 namespace {

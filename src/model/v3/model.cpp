@@ -26,6 +26,7 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   cancelled();
   m->w_ = bind_weights(*m->ckpt_, m->cfg_);
   m->mode_ = opts.fp32 ? Mode::Fp32 : mode_of(opts.numerics);
+  if (opts.threads > 0) m->pool_ = std::make_unique<ThreadPool>(opts.threads);
   m->freqs_.resize(size_t(m->cfg_.qk_rope_head_dim / 2));
   m->cfg_.rope_freqs(m->freqs_.data());
   // The official code multiplies by the Python float, i.e. by its fp32 value.
@@ -39,9 +40,76 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   // V3.1 is the release with ue8m0 scales; V3 and R1 share the rest of the format.
   i.chat_format = c.scale_fmt == "ue8m0" ? "deepseek-v3.1" : "deepseek-v3";
   i.numerics = opts.numerics;
-  i.cache_format = "deepseek_v3/mla-f32:" + std::to_string(c.n_layers) + "x" +
-                   std::to_string(c.kv_lora_rank + c.qk_rope_head_dim) + "/" + mode_name(m->mode_);
+  i.arch = "deepseek_v3";
+  i.cache_format = "v3;fp32-rows;" + std::string(mode_name(m->mode_)) + ";vocab=" + std::to_string(c.vocab_size) +
+                   ";dim=" + std::to_string(c.dim) + ";layers=" + std::to_string(c.n_layers) +
+                   ";kv_lora=" + std::to_string(c.kv_lora_rank) + ";rope=" + std::to_string(c.qk_rope_head_dim);
   return m;
+}
+
+std::unique_ptr<di::Model> load_as_model(const std::string& model_dir, const di::LoadOptions& opts) {
+  LoadOptions lo;
+  lo.numerics = opts.numerics;
+  lo.cancel = opts.cancel;
+  lo.threads = opts.threads > 0 ? opts.threads : ThreadPool::default_threads();
+  return Model::load(model_dir, lo);
+}
+
+std::vector<kvcache::StreamLayout> Model::cache_layout(int page_tokens) const {
+  std::vector<kvcache::StreamLayout> out;
+  for (int i = 0; i < cfg_.n_layers; ++i)
+    out.push_back({"layer" + std::to_string(i) + ".latent_rope", page_tokens,
+                   size_t(cfg_.kv_lora_rank + cfg_.qk_rope_head_dim) * sizeof(float), kvcache::ElementType::F32});
+  return out;
+}
+
+std::unique_ptr<di::SequenceState> Model::new_state(const StateOptions& o) const {
+  return std::make_unique<SequenceState>(cfg_, o.max_rollback, o.page_tokens, o.pool);
+}
+
+namespace {
+// The model's own pool for the kernels while a forward call runs on this thread.
+class PoolScope {
+ public:
+  explicit PoolScope(ThreadPool* pool) : set_(pool != nullptr), previous_(kern::default_pool()) {
+    if (set_) kern::set_default_pool(pool);
+  }
+  ~PoolScope() {
+    if (set_) kern::set_default_pool(previous_);
+  }
+  PoolScope(const PoolScope&) = delete;
+  PoolScope& operator=(const PoolScope&) = delete;
+
+ private:
+  bool set_;
+  ThreadPool* previous_;
+};
+
+SequenceState& own_state(di::SequenceState* s) {
+  auto* st = dynamic_cast<SequenceState*>(s);
+  if (!st) throw std::invalid_argument("forward: a sequence state of another model");
+  return *st;
+}
+Workspace& own_workspace(di::Workspace& ws) {
+  auto* w = dynamic_cast<Workspace*>(&ws);
+  if (!w) throw std::invalid_argument("forward: a workspace of another model");
+  return *w;
+}
+}  // namespace
+
+void Model::forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) const {
+  Workspace& w = own_workspace(ws);
+  w.items.clear();
+  for (const auto& it : items) {
+    if (!it.state) throw std::invalid_argument("forward: batch item without a state");
+    w.items.push_back({&own_state(it.state), it.tokens, it.all_logits, it.logits});
+  }
+  forward_batch(w.items, ForwardOptions{}, w);
+}
+
+void Model::resume(di::SequenceState& state, di::Workspace& ws) const {
+  own_state(&state);
+  own_workspace(ws);
 }
 
 size_t Model::page_bytes(int page_tokens) const {
@@ -63,6 +131,7 @@ void Model::forward(SequenceState& state, std::span<const int32_t> tokens, std::
 }
 
 void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts, Workspace& ws) const {
+  PoolScope pool_scope(pool_.get());
   const V3Config& c = cfg_;
   std::set<const SequenceState*> seen;
   int64_t R = 0;
@@ -190,14 +259,14 @@ void Model::attention(int layer, Ctx& cx) const {
   const bool round = mode_ != Mode::Fp32;
   // RoPE on q_pe; the cache rows: kv_norm(latent) and rope(k_pe).
   for (size_t i = 0; i < cx.items.size(); ++i) {
-    v41::RowCache& cache = cx.items[i].state->caches()[size_t(layer)];
+    kvcache::RowCache& cache = cx.items[i].state->caches()[size_t(layer)];
     if (cache.size() != cx.start[i]) throw std::logic_error("v3 forward: cache out of step with the tokens");
     const int64_t n = int64_t(cx.items[i].tokens.size());
     for (int64_t j = 0; j < n; ++j) {
       const int64_t r = cx.row0[i] + j;
       const float* cs = ws.cs.data() + r * rope_d;
       for (int64_t h = 0; h < H; ++h) rope(ws.q.data() + (r * H + h) * qk + nope, rope_d, cs, round);
-      float* row = cache.append();
+      float* row = cache.append<float>();
       const float* kv = ws.kv.data() + r * width;
       rms_norm(mode_, kv, a.kv_norm.p, kvl, c.rms_norm_eps, row);
       std::memcpy(row + kvl, kv + kvl, size_t(rope_d) * sizeof(float));
@@ -223,7 +292,7 @@ void Model::attention(int layer, Ctx& cx) const {
     for (int64_t rh = b; rh < e; ++rh) {
       const int64_t r = rh / H, h = rh % H;
       const BatchItem& it = cx.items[size_t(ws.row_item[size_t(r)])];
-      const v41::RowCache& cache = it.state->caches()[size_t(layer)];
+      const kvcache::RowCache& cache = it.state->caches()[size_t(layer)];
       const float* qn = ws.q.data() + (r * H + h) * qk;
       const float* qpe = qn + nope;
       float* qa = ws.q_abs.data() + (r * H + h) * kvl;
@@ -233,7 +302,7 @@ void Model::attention(int layer, Ctx& cx) const {
       scores.resize(size_t(n_ctx));
       float mx = -INFINITY;
       for (int64_t t = 0; t < n_ctx; ++t) {
-        const float* row = cache.row(t);
+        const float* row = cache.row<float>(t);
         const float s1 = rd(dot(mode_, qa, row, kvl)), s2 = rd(dot(mode_, qpe, row + kvl, rope_d));
         const float s = rd(rd(s1 + s2) * softmax_scale_);
         scores[size_t(t)] = s;
@@ -246,7 +315,7 @@ void Model::attention(int layer, Ctx& cx) const {
         std::fill(o.begin(), o.end(), 0.0f);
         for (int64_t t = 0; t < n_ctx; ++t) {
           const float p = rd(scores[size_t(t)] / sum);
-          const float* row = cache.row(t);
+          const float* row = cache.row<float>(t);
           for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] += p * row[cc];  // bf16 x bf16: exact product
         }
         for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] = rd(o[size_t(cc)]);
@@ -257,7 +326,7 @@ void Model::attention(int layer, Ctx& cx) const {
         od.assign(size_t(kvl), 0.0);
         for (int64_t t = 0; t < n_ctx; ++t) {
           const float p = rd(scores[size_t(t)] / fsum);
-          const float* row = cache.row(t);
+          const float* row = cache.row<float>(t);
           for (int64_t cc = 0; cc < kvl; ++cc) od[size_t(cc)] += double(p) * double(row[cc]);
         }
         for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] = rd(float(od[size_t(cc)]));

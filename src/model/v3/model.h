@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "core/numerics.h"
+#include "core/thread_pool.h"
+#include "model/model.h"
 #include "io/safetensors.h"
 #include "model/v3/config.h"
 #include "model/v3/ops.h"
@@ -29,17 +31,8 @@ struct LoadOptions {
   // Full fp32 (the official fp32 run: weights code x scale in fp32, no bf16 rounding, fp64 sums);
   // overrides `numerics`. For verification against the fp32 golden.
   bool fp32 = false;
+  int threads = 0;  // > 0: the model's own kernel pool of that many threads; 0: the caller's default pool
   const std::atomic<bool>* cancel = nullptr;  // set: the load stops with LoadCancelled
-};
-
-// What the engine needs to know about a loaded model.
-struct ModelInfo {
-  std::string arch = "deepseek_v3";
-  std::string cache_format;  // page layout + numerics: pages are reusable only between equal formats
-  int64_t vocab_size = 0, sampleable_vocab = 0, max_context = 0;
-  int32_t bos_id = 0, eos_id = 1;
-  std::string chat_format;   // deepseek-v3 | deepseek-v3.1
-  Numerics numerics = Numerics::Fast;
 };
 
 class ForwardObserver {
@@ -65,7 +58,8 @@ struct BatchItem {
 };
 
 // Scratch reused across calls.
-struct Workspace {
+struct Workspace final : di::Workspace {
+  std::vector<BatchItem> items;  // the interface's batch as this model's items
   std::vector<float> x, xn, qa, q, kv, wkv_b, uk_t, q_abs, attn, tmp, logits_rows;
   std::vector<float> gate, h1, h3, expert_out, moe_y, shared, expert_w;
   std::vector<int32_t> expert_ids, gather_rows;
@@ -74,13 +68,14 @@ struct Workspace {
   std::vector<int32_t> row_item;
 };
 
-class Model {
+// The interface (di::Model) is implemented on top of the concrete API, which adds the observer and
+// the fp32 mode for tests and tools.
+class Model final : public di::Model {
  public:
   // MODEL_DIR: config.json + safetensors (one file or shards with an index). Throws LoadError.
   static std::unique_ptr<Model> load(const std::string& model_dir, const LoadOptions& opts = {});
 
   const V3Config& config() const { return cfg_; }
-  const ModelInfo& info() const { return info_; }
   const ModelWeights& weights() const { return w_; }
   Mode mode() const { return mode_; }
   std::unique_ptr<SequenceState> new_state(int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr) const {
@@ -88,8 +83,17 @@ class Model {
   }
   // Bytes of one cache page (one layer's rows of page_tokens tokens) and of all layers' pages.
   size_t page_bytes(int page_tokens) const;
-  // Tokens to re-run after adopt_prefix: none, the pages hold the whole state.
-  int64_t resume_tokens() const { return 0; }
+  ThreadPool* thread_pool() const { return pool_.get(); }
+
+  // di::Model. One stream per layer, "layer<i>.latent_rope": kv_lora_rank + qk_rope_head_dim fp32.
+  const ModelInfo& info() const override { return info_; }
+  std::vector<kvcache::StreamLayout> cache_layout(int page_tokens) const override;
+  std::unique_ptr<di::SequenceState> new_state(const StateOptions& opts) const override;
+  std::unique_ptr<di::Workspace> new_workspace() const override { return std::make_unique<Workspace>(); }
+  void forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) const override;
+  // Nothing to rebuild after adopt_prefix: the pages hold the whole state.
+  int64_t resume_tokens() const override { return 0; }
+  void resume(di::SequenceState& state, di::Workspace& ws) const override;
 
   void forward(SequenceState& state, std::span<const int32_t> tokens, std::vector<float>& logits,
                const ForwardOptions& opts, Workspace& ws) const;
@@ -110,6 +114,7 @@ class Model {
   static float round_bf16_(float v);
 
   V3Config cfg_;
+  std::unique_ptr<ThreadPool> pool_;  // LoadOptions::threads > 0
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   ModelInfo info_;
@@ -117,5 +122,8 @@ class Model {
   std::vector<float> freqs_;
   float softmax_scale_ = 0;
 };
+
+// load_model's entry for V3 (model/model.cpp): LoadOptions::threads 0 = all cores.
+std::unique_ptr<di::Model> load_as_model(const std::string& model_dir, const di::LoadOptions& opts);
 
 }  // namespace di::v3

@@ -6,17 +6,17 @@
 namespace di::v3 {
 
 SequenceState::SequenceState(const V3Config& cfg, int max_rollback, int page_tokens, PagePool* pool)
-    : max_rollback_(max_rollback), page_tokens_(page_tokens), pool_(pool) {
+    : max_rollback_(max_rollback), page_tokens_(page_tokens), width_(cfg.kv_lora_rank + cfg.qk_rope_head_dim), pool_(pool) {
   if (page_tokens <= 0) throw std::invalid_argument("page_tokens must be positive");
+  if (max_rollback < 0) throw std::invalid_argument("max_rollback must be >= 0");
   caches_.reserve(size_t(cfg.n_layers));
-  for (int i = 0; i < cfg.n_layers; ++i)
-    caches_.emplace_back(cfg.kv_lora_rank + cfg.qk_rope_head_dim, page_tokens, pool);
+  for (int i = 0; i < cfg.n_layers; ++i) caches_.emplace_back(size_t(width_) * sizeof(float), page_tokens, pool);
 }
 
 void SequenceState::truncate(int64_t p) {
-  if (p < 0 || p > pos())
-    throw std::out_of_range("truncate to " + std::to_string(p) + ": position must be in [0, " +
-                            std::to_string(pos()) + "]");
+  if (p < 0 || p > pos() || p < pos() - max_rollback_)
+    throw std::out_of_range("SequenceState::truncate to " + std::to_string(p) + ": position " + std::to_string(pos()) +
+                            ", rollback limit " + std::to_string(max_rollback_));
   for (auto& c : caches_) c.truncate(p);
   tokens_.resize(size_t(p));
 }
