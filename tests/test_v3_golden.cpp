@@ -236,3 +236,17 @@ TEST(V3Golden, Bf16ModesAreLooseAgainstFp32Golden) {
   EXPECT_GT(da, 1e-4) << "the fast mode should carry bf16 rounding";
   EXPECT_LT(db, 1e-4);
 }
+
+// The MTP module (model.layers.4) is loaded and kept; without its own embed / head copies it uses
+// the main ones.
+TEST(V3Golden, MtpModuleLoaded) {
+  const Model& m = model("fast");
+  ASSERT_EQ(m.weights().mtp.size(), 1u);
+  const auto& mtp = m.weights().mtp[0];
+  EXPECT_EQ(mtp.embed.p, m.weights().embed.p);
+  EXPECT_EQ(mtp.head.bf16, m.weights().head.bf16);
+  EXPECT_TRUE(mtp.block.moe);
+  EXPECT_EQ(mtp.block.experts.experts.size(), 16u);
+  EXPECT_EQ(mtp.eh_proj.in, 128);
+  EXPECT_NE(mtp.enorm.p, nullptr);
+}

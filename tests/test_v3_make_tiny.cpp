@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@ using di::all_finite;
 using di::Checkpoint;
 using di::DType;
 using di::Numerics;
+using di::TensorView;
 // The concrete V3 types, over the interface's names in di.
 using di::v3::BatchItem;
 using di::v3::LoadOptions;
@@ -114,4 +116,66 @@ TEST(V3MakeTiny, Cli) {
   const std::string bad = std::string(DI_BINARY_DIR) + "/deepinfer make-tiny --arch v3 --size tiny-alt --out " +
                           tmp.str("bad") + " > /dev/null 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0);
+}
+
+// The release variants: no q low-rank (q_proj), V3.1's ue8m0 scales, and the MTP module's own
+// embedding / head copies; each loads and runs, and any chunking gives the same bits.
+TEST(V3MakeTiny, VariantsLoadAndRun) {
+  TempDir tmp;
+  TinyOptions o;
+  o.seed = 11;
+  o.no_q_lora = o.ue8m0 = o.mtp_copies = true;
+  make_tiny_checkpoint(o, tmp.str("v"));
+  const Checkpoint ck = Checkpoint::open(tmp.str("v"));
+  EXPECT_TRUE(ck.find("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_FALSE(ck.find("model.layers.0.self_attn.q_a_proj.weight"));
+  for (const auto& [name, t] : ck.tensors())
+    if (name.find("weight_scale_inv") != std::string::npos)
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        int e;
+        ASSERT_EQ(std::frexp(t.as<float>()[i], &e), 0.5f) << name;
+      }
+  const TensorView& e0 = ck.get("model.embed_tokens.weight");
+  const TensorView& e4 = ck.get("model.layers.4.embed_tokens.weight");
+  ASSERT_EQ(e0.nbytes, e4.nbytes);
+  EXPECT_EQ(std::memcmp(e0.data, e4.data, e0.nbytes), 0) << "the MTP embedding is a copy of the main one";
+  EXPECT_TRUE(ck.find("model.layers.4.shared_head.head.weight"));
+  auto m = Model::load(tmp.str("v"));
+  EXPECT_EQ(m->config().q_lora_rank, 0);
+  EXPECT_EQ(m->info().chat_format, "deepseek-v3.1");
+  EXPECT_NE(m->weights().mtp[0].embed.p, m->weights().embed.p) << "the MTP module binds its own copy";
+  EXPECT_NE(m->weights().mtp[0].head.bf16, m->weights().head.bf16);
+  Workspace ws;
+  std::vector<int32_t> toks = {0, 5, 77, 900, 12345, 128803, 3, 4, 5};
+  ForwardOptions all;
+  all.all_logits = true;
+  auto a = m->new_state(), b = m->new_state();
+  std::vector<float> la, lb, part;
+  m->forward(*a, toks, la, all, ws);
+  for (size_t i = 0; i < toks.size(); i += 4) {
+    m->forward(*b, std::span<const int32_t>(toks.data() + i, std::min<size_t>(4, toks.size() - i)), part, all, ws);
+    lb.insert(lb.end(), part.begin(), part.end());
+  }
+  ASSERT_EQ(la.size(), lb.size());
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0);
+  EXPECT_TRUE(all_finite(la.data(), int64_t(la.size())));
+}
+
+// V3.1's scale format promises powers of two: arbitrary fp32 scales (the golden's) are refused.
+TEST(V3MakeTiny, Ue8m0ConfigRejectsOtherScales) {
+  TempDir tmp;
+  const std::string src = std::string(DI_SOURCE_DIR) + "/tests/data/golden/v3-tiny/model";
+  fs::create_directories(tmp.str("g"));
+  fs::create_symlink(src + "/model.safetensors", tmp.str("g/model.safetensors"));
+  std::string cfg = slurp(src + "/config.json");
+  const std::string key = "\"quant_method\": \"fp8\",";
+  ASSERT_NE(cfg.find(key), std::string::npos);
+  cfg.replace(cfg.find(key), key.size(), key + " \"scale_fmt\": \"ue8m0\",");
+  std::ofstream(tmp.str("g/config.json")) << cfg;
+  try {
+    Model::load(tmp.str("g"));
+    FAIL() << "loaded";
+  } catch (const di::LoadError& e) {
+    EXPECT_NE(std::string(e.what()).find("power of two"), std::string::npos) << e.what();
+  }
 }

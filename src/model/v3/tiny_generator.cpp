@@ -38,9 +38,10 @@ struct Param {
   std::string name;  // tensor name without ".weight" for Fp8, full name otherwise
   int64_t out, in;   // in = 0 for vectors
   float gain;        // uniform amplitude is gain * sqrt(3 / in) (std gain / sqrt(in))
+  int copy_of = -1;  // index of the parameter whose values this one repeats (same seed)
 };
 
-std::vector<Param> plan(const V3Config& c) {
+std::vector<Param> plan(const V3Config& c, bool mtp_copies) {
   std::vector<Param> p;
   auto proj = [&](const std::string& n, int64_t out, int64_t in, float gain) {
     p.push_back({c.fp8 ? Param::Fp8 : Param::Bf16, c.fp8 ? n : n + ".weight", out, in, gain});
@@ -87,6 +88,10 @@ std::vector<Param> plan(const V3Config& c) {
     norm(pre + "hnorm.weight", c.dim);
     p.push_back({Param::Bf16, pre + "eh_proj.weight", c.dim, 2 * int64_t(c.dim), 1.0f});
     norm(pre + "shared_head.norm.weight", c.dim);
+    if (mtp_copies) {
+      p.push_back({Param::Bf16, pre + "embed_tokens.weight", c.vocab_size, c.dim, 0, 0});
+      p.push_back({Param::Bf16, pre + "shared_head.head.weight", c.vocab_size, c.dim, 2.0f, 1});
+    }
     layer(i);
   }
   return p;
@@ -223,6 +228,8 @@ TinyResult make_tiny_checkpoint(const TinyOptions& opts, const std::string& out_
   const auto t0 = std::chrono::steady_clock::now();
   TinyResult res;
   res.config = tiny_config(opts.size);
+  if (opts.no_q_lora) res.config.q_lora_rank = 0;
+  if (opts.ue8m0) res.config.scale_fmt = "ue8m0";
   const V3Config& c = res.config;
   if (opts.threads < 0) bad_option("--threads must be >= 0");
   if (opts.shard_bytes < -1) bad_option("--shard-size must be >= 0");
@@ -247,7 +254,7 @@ TinyResult make_tiny_checkpoint(const TinyOptions& opts, const std::string& out_
   write_text(dir / "tokenizer.json", read_all(tok));
   write_text(dir / "tokenizer_config.json", read_all(tok_cfg.string()));
 
-  const std::vector<Param> params = plan(c);
+  const std::vector<Param> params = plan(c, opts.mtp_copies);
   std::vector<TensorEntry> entries;
   std::vector<size_t> first;
   for (const auto& p : params) {
@@ -268,7 +275,8 @@ TinyResult make_tiny_checkpoint(const TinyOptions& opts, const std::string& out_
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < params.size();) {
       try {
-        uint64_t s = opts.seed ^ (0x5851f42d4c957f2dull * (i + 1));
+        const size_t src = params[i].copy_of >= 0 ? size_t(params[i].copy_of) : i;
+        uint64_t s = opts.seed ^ (0x5851f42d4c957f2dull * (src + 1));
         generate(c, params[i], splitmix(s), writer, first[i]);
       } catch (...) {
         std::lock_guard<std::mutex> g(err_mu);

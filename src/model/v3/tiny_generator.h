@@ -21,6 +21,9 @@ struct TinyOptions {
   int threads = 0;             // 0 = hardware concurrency
   int64_t shard_bytes = -1;    // -1 = the size's default, 0 = one file
   bool force = false;          // replace the model files of a non-empty out_dir
+  // Release variants: no q low-rank (q_proj; q_lora_rank null), V3.1's power-of-two (ue8m0)
+  // scales, and the MTP module's own embed_tokens / shared_head.head copies as the release ships.
+  bool no_q_lora = false, ue8m0 = false, mtp_copies = false;
   std::function<void(double)> progress;
 };
 
