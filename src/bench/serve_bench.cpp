@@ -759,7 +759,7 @@ ServeResult run_engine_bench(engine::Engine& eng, const ServeOptions& o) {
   if (o.endpoint != "/v1/completions") throw std::invalid_argument("in-process engine runs take token-id prompts: use --endpoint /v1/completions");
   if (!o.extra_body.empty()) throw std::invalid_argument("--extra-body applies to HTTP requests only, not to the in-process engine");
   ServeOptions opts = o;
-  if (opts.vocab_size == 0) opts.vocab_size = eng.model().sampleable_vocab();
+  if (opts.vocab_size == 0) opts.vocab_size = eng.model().info().sampleable_vocab;
   const std::vector<ServeRequest> reqs = load_serve_requests(opts);
   for (const auto& r : reqs)
     if (!r.prompt.is_array()) throw std::invalid_argument("in-process engine runs take token-id prompts, not text");

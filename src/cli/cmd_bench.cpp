@@ -20,7 +20,8 @@
 #include "engine/engine.h"
 #include "kernels/cpu/kernels.h"
 #include "model/v41/model.h"
-#include "model/v41/tiny_generator.h"
+#include "model/generate.h"
+#include "model/model.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -58,7 +59,8 @@ std::string ensure_generated(const std::string& size, uint64_t seed) {
   const fs::path dir = fs::path(cache_root()) / "models" / ("v41-" + size + "-seed" + std::to_string(seed));
   if (fs::exists(dir / "config.json")) return dir.string();
   std::fprintf(stderr, "bench: generating the %s model into %s\n", size.c_str(), dir.c_str());
-  v41::TinyOptions o;
+  GenerateOptions o;
+  o.arch = "v41";
   o.size = size;
   o.seed = seed;
   o.force = true;  // a directory without config.json is an interrupted generation
@@ -70,7 +72,7 @@ std::string ensure_generated(const std::string& size, uint64_t seed) {
     }
   };
   fs::create_directories(dir);
-  v41::make_tiny_checkpoint(o, dir.string());
+  generate_model(o, dir.string());
   std::fprintf(stderr, "\n");
   return dir.string();
 }
@@ -134,6 +136,7 @@ struct ServeArgs {
   bool compare = false;
   engine::EngineOptions engine;
   double cache_mib = 1024;
+  int threads = 0;  // the model's kernel threads
 };
 
 std::string dir_name(const std::string& dir) {
@@ -144,7 +147,7 @@ std::string dir_name(const std::string& dir) {
 
 // The same requests through an HTTP server in this process, on a fresh engine over `model`, the way
 // `deepinfer serve` wires one (127.0.0.1, a free port).
-bench::ServeResult serve_in_process(std::shared_ptr<const v41::Model> model, const std::string& dir,
+bench::ServeResult serve_in_process(std::shared_ptr<const Model> model, const std::string& dir,
                                     const engine::EngineOptions& eo, bench::ServeOptions o) {
   server::ServerOptions so;
   so.http.host = "127.0.0.1";
@@ -153,11 +156,11 @@ bench::ServeResult serve_in_process(std::shared_ptr<const v41::Model> model, con
   server::Server srv(so, [&](const std::atomic<bool>&) {
     server::LoadedModel lm;
     lm.model.tokenizer = Tokenizer::from_file((fs::path(dir) / "tokenizer.json").string());
-    const auto& cfg = model->config();
-    lm.model.vocab_size = int32_t(model->sampleable_vocab());
-    lm.model.bos_id = int32_t(cfg.bos_token_id);
-    lm.model.eos_id = int32_t(cfg.eos_token_id);
-    lm.model.max_context = eo.max_context > 0 ? eo.max_context : int64_t(cfg.max_position_embeddings);
+    const ModelInfo& info = model->info();
+    lm.model.vocab_size = int32_t(info.sampleable_vocab);
+    lm.model.bos_id = info.bos_id;
+    lm.model.eos_id = info.eos_id;
+    lm.model.max_context = eo.max_context > 0 ? std::min(eo.max_context, info.max_context) : info.max_context;
     lm.engine = engine::Engine::create(model, eo);
     return lm;
   });
@@ -205,9 +208,10 @@ void run_serve(ServeArgs& a) {
     out = r.json;
   } else {
     if (o.model.empty()) o.model = dir_name(a.in_process);
-    v41::LoadOptions lo;
+    LoadOptions lo;
     lo.numerics = resolve_numerics(a.numerics);
-    std::shared_ptr<const v41::Model> model = v41::Model::load(a.in_process, lo);
+    lo.threads = a.threads;
+    std::shared_ptr<const Model> model = load_model(a.in_process, lo);
     engine::EngineOptions eo = a.engine;
     eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
     // With --compare the server runs first: whatever the first run leaves warm (mapped weights,
@@ -215,7 +219,7 @@ void run_serve(ServeArgs& a) {
     std::optional<bench::ServeResult> sr;
     if (a.compare) {
       sr = serve_in_process(model, a.in_process, eo, o);
-      sr->json["numerics"] = numerics_name(model->numerics());
+      sr->json["numerics"] = numerics_name(model->info().numerics);
       std::printf("%s", sr->text.c_str());
       std::fflush(stdout);
     }
@@ -225,7 +229,7 @@ void run_serve(ServeArgs& a) {
       er = bench::run_engine_bench(*eng, o);
       eng->shutdown();
     }
-    er.json["numerics"] = numerics_name(model->numerics());
+    er.json["numerics"] = numerics_name(model->info().numerics);
     std::printf("%s", er.text.c_str());
     out = er.json;
     if (sr) {
@@ -250,7 +254,7 @@ void add_bench(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Throughput vs the roofline (like llama-bench); `bench serve` drives a server");
   cmd->add_option("--model", m->model_dir, "model directory");
   cmd->add_option("--size", m->size, "generated model (made on first use in the cache): tiny | tiny-alt | small | medium")
-      ->check(CLI::IsMember(v41::tiny_size_names()));
+      ->check(CLI::IsMember(generator_sizes("v41")));
   cmd->add_option("--gen-seed", m->gen_seed, "seed of the generated --size model")->capture_default_str();
   cmd->add_option("-p,--n-prompt", m->opts.prompt_sizes, "prompt processing tests: tokens per chunk (comma list)")
       ->delimiter(',')->capture_default_str();
@@ -311,7 +315,7 @@ void add_bench(CLI::App& app) {
   serve->add_flag("--compare", s->compare,
                   "with --in-process: then run the same requests through an HTTP server in this process on the same "
                   "model, and print server tok/s / engine tok/s");
-  serve->add_option("--threads", s->engine.threads, "in-process: kernel threads (0 = all cores)")->capture_default_str();
+  serve->add_option("--threads", s->threads, "in-process: kernel threads (0 = all cores)")->capture_default_str();
   serve->add_option("--max-batch-tokens", s->engine.max_batch_tokens, "in-process: token budget per engine step")
       ->capture_default_str();
   serve->add_option("--max-running", s->engine.max_running, "in-process: sequences decoding at once")->capture_default_str();

@@ -11,11 +11,9 @@
 #include "cli/commands.h"
 #include "cli/default_model.h"
 #include "core/numerics.h"
-#include "core/thread_pool.h"
 #include "engine/sampler.h"
-#include "kernels/cpu/kernels.h"
 #include "io/safetensors.h"
-#include "model/v41/model.h"
+#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace di::cli {
@@ -56,17 +54,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 void run(const GenerateArgs& a) {
   namespace fs = std::filesystem;
   const std::string dir = a.model_dir.empty() ? ensure_default_model(!a.json) : a.model_dir;
-  ThreadPool pool(a.threads > 0 ? a.threads : ThreadPool::default_threads());
-  kern::set_default_pool(&pool);
-  struct ResetPool { ~ResetPool() { kern::set_default_pool(nullptr); } } reset_pool;
-  v41::LoadOptions lo;
+  LoadOptions lo;
   lo.tokenizer_path = a.tokenizer;
-  lo.index_key_policy = a.reference_quirk ? v41::IndexKeyPolicy::Reference : v41::IndexKeyPolicy::PerSource;
+  lo.threads = a.threads;
+  if (a.reference_quirk) lo.arch_options["index_key_policy"] = "reference";
   lo.numerics = resolve_numerics(a.numerics);
   const auto t_load = std::chrono::steady_clock::now();
-  auto model = v41::Model::load(dir, lo);
+  auto model = load_model(dir, lo);
   const double load_s = seconds_since(t_load);
-  const auto& cfg = model->config();
+  const ModelInfo& info = model->info();
 
   std::shared_ptr<const Tokenizer> tok;
   const std::string tok_path = a.tokenizer.empty() ? (fs::path(dir) / "tokenizer.json").string() : a.tokenizer;
@@ -77,18 +73,22 @@ void run(const GenerateArgs& a) {
     prompt = parse_ids(a.prompt_ids);
   } else {
     if (!tok) throw std::runtime_error(tok_path + ": no tokenizer.json to encode --prompt (use --prompt-ids)");
-    if (!a.no_bos) prompt.push_back(int32_t(cfg.bos_token_id));
+    if (!a.no_bos) prompt.push_back(info.bos_id);
     const auto ids = tok->encode(a.prompt.empty() ? "Hello" : a.prompt, true);
     prompt.insert(prompt.end(), ids.begin(), ids.end());
   }
   for (int32_t id : prompt)
-    if (id >= model->sampleable_vocab())
+    if (id >= info.sampleable_vocab)
       throw std::invalid_argument("prompt id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                  std::to_string(model->sampleable_vocab()) + ")");
+                                  std::to_string(info.sampleable_vocab) + ")");
   if (a.max_tokens < 0) throw std::invalid_argument("--max-tokens must be >= 0");
 
-  v41::SequenceState st = model->new_state();
-  v41::Workspace ws;
+  const std::unique_ptr<SequenceState> st = model->new_state({});
+  const std::unique_ptr<Workspace> ws = model->new_workspace();
+  auto forward = [&](std::span<const int32_t> tokens, std::vector<float>& logits) {
+    BatchItem item{st.get(), tokens, false, &logits};
+    model->forward_batch(std::span(&item, 1), *ws);
+  };
   Sampler sampler(a.temperature, a.seed);
   std::vector<float> logits, dumped;
   std::vector<int32_t> out;
@@ -97,9 +97,9 @@ void run(const GenerateArgs& a) {
     detok = std::make_unique<IncrementalDecoder>(tok);
     if (!a.prompt.empty() && a.prompt_ids.empty()) std::printf("%s", a.prompt.c_str());
   }
-  const int64_t V = cfg.vocab_size, V_sample = model->sampleable_vocab();
+  const int64_t V = info.vocab_size, V_sample = info.sampleable_vocab;
   const auto t0 = std::chrono::steady_clock::now();
-  model->forward(st, prompt, logits, {}, ws);
+  forward(prompt, logits);
   const double prefill_s = seconds_since(t0);
   std::string finish = "length";
   const auto t1 = std::chrono::steady_clock::now();
@@ -114,8 +114,8 @@ void run(const GenerateArgs& a) {
       std::fputs(detok->push(next).c_str(), stdout);
       std::fflush(stdout);
     }
-    if (!a.ignore_eos && next == cfg.eos_token_id) { finish = "stop"; break; }
-    if (i + 1 < a.max_tokens) model->forward(st, std::span(&out.back(), 1), logits, {}, ws);
+    if (!a.ignore_eos && next == info.eos_id) { finish = "stop"; break; }
+    if (i + 1 < a.max_tokens) forward(std::span(&out.back(), 1), logits);
   }
   const double decode_s = seconds_since(t1);
   if (detok) std::printf("%s\n", detok->flush().c_str());
@@ -163,7 +163,7 @@ void add_generate(CLI::App& app) {
   c->add_flag("--json", args->json, "Print prompt ids, generated ids and timings as one JSON object");
   c->add_option("--dump-logits", args->dump_logits, "Write fp32 logits [steps, vocab] as safetensors tensor 'logits'");
   c->add_flag("--reference-quirk", args->reference_quirk,
-              "Reproduce the official code's stale index-key slot (for comparison with its outputs)");
+              "V4.1: reproduce the official code's stale index-key slot (for comparison with its outputs)");
   c->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after EOS");
   c->add_option("--threads", args->threads, "Kernel threads (default: all cores)");
   c->add_flag("--no-bos", args->no_bos, "Do not prepend BOS to --prompt");

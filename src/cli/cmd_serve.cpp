@@ -16,7 +16,7 @@
 #include "cli/commands.h"
 #include "cli/default_model.h"
 #include "engine/engine.h"
-#include "model/v41/model.h"
+#include "model/model.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,6 +30,7 @@ struct ServeArgs {
   double cache_mib = 1024;
   double state_mib = 0;
   double inflight_body_mib = 256;
+  int threads = 0;  // the model's kernel threads
 };
 
 // Anyone who can reach a non-loopback address can use the server; without a key that is everyone.
@@ -51,7 +52,7 @@ void raise_fd_limit() {
   }
 }
 
-server::LoadedModel load_model(const ServeArgs& a, const std::string& dir, const std::atomic<bool>& cancel) {
+server::LoadedModel load_serving_model(const ServeArgs& a, const std::string& dir, const std::atomic<bool>& cancel) {
   namespace fs = std::filesystem;
   uint64_t bytes = 0;
   int files = 0;
@@ -72,13 +73,14 @@ server::LoadedModel load_model(const ServeArgs& a, const std::string& dir, const
     while (!cv.wait_for(lk, std::chrono::seconds(2), [&] { return loaded; }))
       spdlog::info("loading model: {:.0f} s elapsed", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });
-  std::unique_ptr<v41::Model> model;
+  std::shared_ptr<const Model> model;
   try {
-    v41::LoadOptions lo;
+    LoadOptions lo;
     lo.tokenizer_path = a.tokenizer;
     lo.cancel = &cancel;  // a signal while loading stops the load instead of waiting it out
     lo.numerics = resolve_numerics(a.numerics);
-    model = v41::Model::load(dir, lo);
+    lo.threads = a.threads;
+    model = di::load_model(dir, lo);
   } catch (...) {
     {
       std::lock_guard lk(mu);
@@ -99,15 +101,15 @@ server::LoadedModel load_model(const ServeArgs& a, const std::string& dir, const
   const std::string tok_path = a.tokenizer.empty() ? (fs::path(dir) / "tokenizer.json").string() : a.tokenizer;
   server::LoadedModel lm;
   lm.model.tokenizer = Tokenizer::from_file(tok_path);
-  const auto& cfg = model->config();
-  lm.model.vocab_size = int32_t(model->sampleable_vocab());  // ids the tokenizer defines; the engine rejects the rest
-  lm.model.bos_id = int32_t(cfg.bos_token_id);
-  lm.model.eos_id = int32_t(cfg.eos_token_id);
-  lm.model.max_context = a.engine.max_context > 0 ? a.engine.max_context : int64_t(cfg.max_position_embeddings);
+  const ModelInfo& info = model->info();
+  lm.model.vocab_size = int32_t(info.sampleable_vocab);  // ids the tokenizer defines; the engine rejects the rest
+  lm.model.bos_id = info.bos_id;
+  lm.model.eos_id = info.eos_id;
+  lm.model.max_context = a.engine.max_context > 0 ? std::min(a.engine.max_context, info.max_context) : info.max_context;
   engine::EngineOptions eo = a.engine;
   eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
   eo.state_budget_bytes = size_t(a.state_mib * 1024 * 1024);
-  lm.engine = engine::Engine::create(std::shared_ptr<const v41::Model>(std::move(model)), eo);
+  lm.engine = engine::Engine::create(std::move(model), eo);
   spdlog::info("engine started: cache {:.0f} MiB, {}-token pages, batch {} tokens, {} running, queue {}", a.cache_mib,
                eo.page_tokens, eo.max_batch_tokens, eo.max_running, eo.max_waiting);
   return lm;
@@ -138,7 +140,7 @@ void run(ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  server::Server srv(a.server, [&a, dir](const std::atomic<bool>& cancel) { return load_model(a, dir, cancel); });
+  server::Server srv(a.server, [&a, dir](const std::atomic<bool>& cancel) { return load_serving_model(a, dir, cancel); });
   srv.start();
   timespec tick{0, 100 * 1000 * 1000};
   for (;;) {
@@ -230,7 +232,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--max-context", a->engine.max_context, "Prompt + completion limit (0 = the model's)")->capture_default_str();
   c->add_flag("!--no-prefix-cache", a->engine.prefix_cache, "Disable the prefix cache");
   c->add_flag("--priority-scheduling", a->engine.priority_scheduling, "Schedule by request 'priority' instead of FCFS");
-  c->add_option("--threads", a->engine.threads, "Kernel threads (0 = all cores)")->capture_default_str();
+  c->add_option("--threads", a->threads, "Kernel threads of the model (0 = all cores)")->capture_default_str();
   c->add_option("--log-level", a->log_level, "trace, debug, info, warn, error")->capture_default_str();
   c->add_option("--numerics", a->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
   c->callback([a] { run(*a); });

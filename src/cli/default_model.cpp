@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "model/v41/tiny_generator.h"
+#include "model/generate.h"
 
 namespace di::cli {
 
@@ -22,12 +22,13 @@ std::string ensure_default_model(bool verbose) {
   // config.json is written last, so its presence means a complete generation.
   if (fs::exists(fs::path(dir) / "config.json")) return dir;
   if (verbose) std::fprintf(stderr, "deepinfer: generating the built-in tiny model in %s (seed 0)...\n", dir.c_str());
-  v41::TinyOptions o;
+  GenerateOptions o;
+  o.arch = "v41";
   o.size = "tiny";
   o.seed = 0;
   o.force = true;  // a directory without config.json is an interrupted generation
   fs::create_directories(dir);
-  v41::make_tiny_checkpoint(o, dir);
+  generate_model(o, dir);
   return dir;
 }
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -106,6 +107,9 @@ struct LoadOptions {
   std::string tokenizer_path;  // default MODEL_DIR/tokenizer.json (where the architecture needs it)
   // Set from another thread to stop a load early: LoadCancelled is thrown.
   const std::atomic<bool>* cancel = nullptr;
+  // Switches only one architecture has (V4.1: index_key_policy = per_source | reference); the
+  // loader rejects keys and values it does not know.
+  std::map<std::string, std::string> arch_options;
 };
 
 // Loads MODEL_DIR with the architecture its config.json names (`model_type`, else

@@ -298,6 +298,7 @@ TinyResult make_tiny_checkpoint(const TinyOptions& opts, const std::string& out_
     res.file_bytes += fs::file_size(f);
   }
   res.n_shards = writer.n_shards();
+  res.tensor_bytes = writer.total_tensor_bytes();
   write_text(dir / "config.json", c.to_hf_json());  // last: a directory without it is unfinished
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "config.json"}) {
     res.files.push_back((dir / f).string());

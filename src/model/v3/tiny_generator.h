@@ -30,7 +30,7 @@ struct TinyOptions {
 struct TinyResult {
   V3Config config;
   int64_t n_params = 0;  // weights (scales not counted)
-  uint64_t file_bytes = 0;
+  uint64_t tensor_bytes = 0, file_bytes = 0;
   size_t n_tensors = 0, n_shards = 0;
   std::vector<std::string> files;
   double seconds = 0;

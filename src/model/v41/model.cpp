@@ -187,6 +187,14 @@ std::unique_ptr<di::Model> load_as_model(const std::string& model_dir, const di:
   lo.numerics = opts.numerics;
   lo.cancel = opts.cancel;
   lo.threads = opts.threads > 0 ? opts.threads : ThreadPool::default_threads();
+  for (const auto& [key, value] : opts.arch_options) {
+    if (key == "index_key_policy" && (value == "per_source" || value == "reference")) {
+      lo.index_key_policy = value == "reference" ? IndexKeyPolicy::Reference : IndexKeyPolicy::PerSource;
+    } else {
+      throw LoadError(model_dir + ": unknown DeepSeek-V4.1 load option " + key + "=" + value +
+                      " (known: index_key_policy=per_source|reference)");
+    }
+  }
   return Model::load(model_dir, lo);
 }
 
