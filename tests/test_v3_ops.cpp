@@ -169,3 +169,36 @@ TEST(V3Ops, Bf16WeightsAndRopeAndNorm) {
     EXPECT_EQ(b[i], round_bf16(a[i]));
   }
 }
+
+// The vectorized dequantization gives the scalar definition's bits (edge blocks, both roundings,
+// subnormal and saturated codes included).
+TEST(V3Ops, DequantIsaPathsAgree) {
+  Fp8 f = make_fp8(130, 300, 10);
+  for (size_t i = 0; i < f.codes.size(); i += 7) f.codes[i] = uint8_t(i / 7 % 256 == 0x7f ? 0 : i / 7 % 256 == 0xff ? 0x80 : i / 7 % 256);
+  std::vector<float> a(size_t(130 * 300)), b(a.size());
+  const kern::Isa saved = kern::active_isa();
+  for (bool round : {true, false}) {
+    dequant_rows_scalar(f.lin, 0, 130, round, a.data());
+    for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
+      if (!kern::isa_supported(isa)) continue;
+      kern::set_isa(isa);
+      dequant_rows(f.lin, 0, 130, round, b.data());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << kern::isa_name(isa) << " round " << round;
+    }
+  }
+  kern::set_isa(saved);
+}
+
+// The fast mode's dot product: every ISA gives ref::fast::dot_fma_lanes's bits, for any length.
+TEST(V3Ops, DotIsaPathsAgree) {
+  const auto a = bf16_acts(200, 12), b = bf16_acts(200, 13);
+  const kern::Isa saved = kern::active_isa();
+  for (int64_t n : {1, 15, 16, 17, 31, 48, 200})
+    for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
+      if (!kern::isa_supported(isa)) continue;
+      kern::set_isa(isa);
+      const float want = ref::fast::dot_fma_lanes(a.data(), b.data(), n), got = dot(Mode::Fast, a.data(), b.data(), n);
+      EXPECT_EQ(std::memcmp(&want, &got, 4), 0) << kern::isa_name(isa) << " n " << n;
+    }
+  kern::set_isa(saved);
+}

@@ -11,9 +11,19 @@
 
 namespace di::v3 {
 
+namespace detail {
+void dequant_fp8_rows_avx512(const Linear& w, int64_t r0, int64_t rows, bool round, float* out);
+float dot_fma_lanes_avx512(const float* a, const float* b, int64_t K);
+}
+
 const char* mode_name(Mode m) { return m == Mode::Fast ? "fast" : m == Mode::Exact ? "exact" : "fp32"; }
 
 void dequant_rows(const Linear& w, int64_t r0, int64_t rows, bool round, float* out) {
+  if (w.fp8 && kern::active_isa() == kern::Isa::Avx512) return detail::dequant_fp8_rows_avx512(w, r0, rows, round, out);
+  dequant_rows_scalar(w, r0, rows, round, out);
+}
+
+void dequant_rows_scalar(const Linear& w, int64_t r0, int64_t rows, bool round, float* out) {
   const int64_t K = w.in;
   if (!w.fp8) {
     for (int64_t r = 0; r < rows; ++r)
@@ -76,7 +86,8 @@ void linear(Mode mode, const float* x, int64_t m, const Linear& w, float* y, Thr
 }
 
 float dot(Mode mode, const float* a, const float* b, int64_t n) {
-  if (mode == Mode::Fast) return ref::fast::dot_fma_lanes(a, b, n);
+  if (mode == Mode::Fast)
+    return kern::active_isa() == kern::Isa::Avx512 ? detail::dot_fma_lanes_avx512(a, b, n) : ref::fast::dot_fma_lanes(a, b, n);
   double acc = 0;
   for (int64_t k = 0; k < n; ++k) acc += double(a[k]) * double(b[k]);
   return float(acc);

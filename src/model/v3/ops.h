@@ -37,7 +37,10 @@ struct Linear {
 
 // Rows [r0, r0 + rows) of W as fp32 [rows][in]: code x scale in fp32, then rounded to bf16 when
 // `round` (the official weight_dequant cast to bf16); BF16 weights widened exactly.
+// On AVX-512 machines (kern::active_isa()) FP8 rows are converted 16 at a time, with the same bits
+// as the scalar definition dequant_rows_scalar (NaN codes aside, which no checkpoint holds).
 void dequant_rows(const Linear& w, int64_t r0, int64_t rows, bool round, float* out);
+void dequant_rows_scalar(const Linear& w, int64_t r0, int64_t rows, bool round, float* out);
 
 // y[m][out] = x[m][in] . W^T in the mode's sums; bf16 output except in Fp32. Fast: each output
 // summed in fp32 by 16 fused-multiply-add lanes (lane l takes k = l, l+16, ...) then the halving

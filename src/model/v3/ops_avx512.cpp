@@ -1,0 +1,69 @@
+// AVX-512 paths of ops.cpp, each with its scalar definition's bits: the dequantization of FP8 E4M3
+// rows with fp32 block scales (every non-NaN code) and the fast mode's fma-lane dot product.
+// GCC 12 flags its own _mm512_undefined_* placeholders (a known false positive in the headers).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "core/dtypes.h"
+#include "model/v3/ops.h"
+
+namespace di::v3::detail {
+
+namespace {
+// 16 E4M3 codes -> fp16 bits of value x 2^-8 (exact, subnormals included).
+inline __m256i e4m3x16_half(const uint8_t* p) {
+  const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(int16_t(0xbf80)));
+}
+}  // namespace
+
+void dequant_fp8_rows_avx512(const Linear& w, int64_t r0, int64_t rows, bool round, float* out) {
+  const int64_t K = w.in, sc = w.scale_cols();
+  const __m512 k256 = _mm512_set1_ps(256.f);
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), hi = _mm512_set1_epi32(int(0xffff0000u));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = r0 + r;
+    const uint8_t* codes = w.fp8 + n * K;
+    const float* srow = w.scale + (n / w.bo) * sc;
+    float* o = out + r * K;
+    for (int64_t kb = 0; kb < sc; ++kb) {
+      const float s = srow[kb];
+      const __m512 vs = _mm512_set1_ps(s);
+      const int64_t k1 = std::min(K, (kb + 1) * w.bi);
+      int64_t k = kb * w.bi;
+      for (; k + 16 <= k1; k += 16) {
+        // (v x 2^-8) x 256 is v exactly; then one fp32 multiply by the scale, as the scalar path.
+        __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(codes + k)), k256), vs);
+        if (round) {  // round to nearest even at bit 16 (f32_to_bf16 for non-NaN values)
+          __m512i u = _mm512_castps_si512(f);
+          u = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+          f = _mm512_castsi512_ps(_mm512_and_si512(u, hi));
+        }
+        _mm512_storeu_ps(o + k, f);
+      }
+      for (; k < k1; ++k) o[k] = round ? round_bf16(e4m3_to_f32(codes[k]) * s) : e4m3_to_f32(codes[k]) * s;
+    }
+  }
+}
+
+float dot_fma_lanes_avx512(const float* a, const float* b, int64_t K) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
+  if (k < K) {  // lanes past K keep their sums untouched
+    const __mmask16 m = __mmask16((1u << (K - k)) - 1);
+    acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), acc, m);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  float v8[8], v4[4];
+  for (int i = 0; i < 8; ++i) v8[i] = lanes[i] + lanes[i + 8];
+  for (int i = 0; i < 4; ++i) v4[i] = v8[i] + v8[i + 4];
+  return (v4[0] + v4[2]) + (v4[1] + v4[3]);
+}
+
+}  // namespace di::v3::detail
