@@ -27,6 +27,24 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   m->w_ = bind_weights(*m->ckpt_, m->cfg_);
   m->mode_ = opts.fp32 ? Mode::Fp32 : mode_of(opts.numerics);
   if (opts.threads > 0) m->pool_ = std::make_unique<ThreadPool>(opts.threads);
+  // kv_b dequantized once in the mode's precision (the official absorb path dequantizes it to the
+  // default dtype on every call): W_UK transposed per head for q_nope' and W_UV as stored.
+  {
+    const V3Config& c = m->cfg_;
+    const int64_t H = c.n_heads, nope = c.qk_nope_head_dim, kvl = c.kv_lora_rank, per_head = nope + c.v_head_dim;
+    for (const auto& L : m->w_.layers) {
+      Absorbed a;
+      a.wkv_b.resize(size_t(H * per_head * kvl));
+      dequant_rows(L.attn.wkv_b, 0, H * per_head, m->mode_ != Mode::Fp32, a.wkv_b.data());
+      a.uk_t.resize(size_t(H * kvl * nope));
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < nope; ++d)
+          for (int64_t cc = 0; cc < kvl; ++cc)
+            a.uk_t[size_t((h * kvl + cc) * nope + d)] = a.wkv_b[size_t((h * per_head + d) * kvl + cc)];
+      m->absorbed_.push_back(std::move(a));
+      cancelled();
+    }
+  }
   m->freqs_.resize(size_t(m->cfg_.qk_rope_head_dim / 2));
   m->cfg_.rope_freqs(m->freqs_.data());
   // The official code multiplies by the Python float, i.e. by its fp32 value.
@@ -273,15 +291,9 @@ void Model::attention(int layer, Ctx& cx) const {
       rope(row + kvl, rope_d, cs, round);
     }
   }
-  // W_UK (transposed per head: [h][c][nope]) and W_UV ([h][v][c], rows of wkv_b as stored).
   const int64_t per_head = nope + vd;
-  ws.wkv_b.resize(size_t(H * per_head * kvl));
-  dequant_rows(a.wkv_b, 0, H * per_head, round, ws.wkv_b.data());
-  ws.uk_t.resize(size_t(H * kvl * nope));
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t d = 0; d < nope; ++d)
-      for (int64_t cc = 0; cc < kvl; ++cc)
-        ws.uk_t[size_t((h * kvl + cc) * nope + d)] = ws.wkv_b[size_t((h * per_head + d) * kvl + cc)];
+  const float* uk_t = absorbed_[size_t(layer)].uk_t.data();
+  const float* wkv_b = absorbed_[size_t(layer)].wkv_b.data();
   ws.q_abs.resize(size_t(R * H * kvl));
   ws.attn.resize(size_t(R * H * vd));
   ThreadPool* pool = kern::default_pool();
@@ -296,7 +308,7 @@ void Model::attention(int layer, Ctx& cx) const {
       const float* qn = ws.q.data() + (r * H + h) * qk;
       const float* qpe = qn + nope;
       float* qa = ws.q_abs.data() + (r * H + h) * kvl;
-      const float* ukt = ws.uk_t.data() + h * kvl * nope;
+      const float* ukt = uk_t + h * kvl * nope;
       for (int64_t cc = 0; cc < kvl; ++cc) qa[cc] = rd(dot(mode_, qn, ukt + cc * nope, nope));
       const int64_t n_ctx = ws.row_pos[size_t(r)] + 1;
       scores.resize(size_t(n_ctx));
@@ -331,7 +343,7 @@ void Model::attention(int layer, Ctx& cx) const {
         }
         for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] = rd(float(od[size_t(cc)]));
       }
-      const float* uv = ws.wkv_b.data() + (h * per_head + nope) * kvl;
+      const float* uv = wkv_b + (h * per_head + nope) * kvl;
       for (int64_t v = 0; v < vd; ++v) out[v] = rd(dot(mode_, o.data(), uv + v * kvl, kvl));
     }
   };

@@ -60,7 +60,7 @@ struct BatchItem {
 // Scratch reused across calls.
 struct Workspace final : di::Workspace {
   std::vector<BatchItem> items;  // the interface's batch as this model's items
-  std::vector<float> x, xn, qa, q, kv, wkv_b, uk_t, q_abs, attn, tmp, logits_rows;
+  std::vector<float> x, xn, qa, q, kv, q_abs, attn, tmp, logits_rows;
   std::vector<float> gate, h1, h3, expert_out, moe_y, shared, expert_w;
   std::vector<int32_t> expert_ids, gather_rows;
   std::vector<float> gathered, cs;
@@ -119,6 +119,11 @@ class Model final : public di::Model {
   ModelWeights w_;
   ModelInfo info_;
   Mode mode_ = Mode::Fast;
+  struct Absorbed {
+    std::vector<float> wkv_b;  // [heads * (nope + v)][kv_lora], dequantized (bf16 values unless fp32)
+    std::vector<float> uk_t;   // [heads][kv_lora][nope]: W_UK transposed
+  };
+  std::vector<Absorbed> absorbed_;  // per layer
   std::vector<float> freqs_;
   float softmax_scale_ = 0;
 };
