@@ -39,7 +39,7 @@ struct TinyResult {
 const std::vector<std::string>& tiny_size_names();
 // tiny: the golden v3-tiny shapes (dim 64, 4 layers); small: about 1 B parameters with the real V3
 // attention sizes (dim 1024, 8 layers, 64 experts top-6, kv_lora 512, q_lora 512, 8 heads), the
-// llama.cpp comparison shape; medium: about 2.7 B. Throws std::invalid_argument on another name.
+// llama.cpp comparison shape; medium: about 3.1 B. Throws std::invalid_argument on another name.
 V3Config tiny_config(const std::string& size);
 std::string default_tokenizer_path();
 TinyResult make_tiny_checkpoint(const TinyOptions& opts, const std::string& out_dir);
