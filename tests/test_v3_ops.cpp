@@ -113,7 +113,7 @@ TEST(V3Ops, Fp32ModeKeepsFullPrecisionWeights) {
 }
 
 TEST(V3Ops, LinearIsBatchAndThreadInvariant) {
-  const int64_t out = 300, in = 256, m = 7;
+  const int64_t out = 300, in = 256, m = 11;  // all rows: the tiled path; one row: the decode path
   const Fp8 f = make_fp8(out, in, 6);
   const auto x = bf16_acts(m * in, 7);
   ThreadPool pool(3);

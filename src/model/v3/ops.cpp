@@ -14,6 +14,7 @@ namespace di::v3 {
 namespace detail {
 void dequant_fp8_rows_avx512(const Linear& w, int64_t r0, int64_t rows, bool round, float* out);
 float dot_fma_lanes_avx512(const float* a, const float* b, int64_t K);
+void linear_fp8_fast_avx512(const float* x, int64_t m, const Linear& w, float* y, int64_t n0, int64_t n1, bool round);
 }
 
 const char* mode_name(Mode m) { return m == Mode::Fast ? "fast" : m == Mode::Exact ? "exact" : "fp32"; }
@@ -62,6 +63,21 @@ void linear(Mode mode, const float* x, int64_t m, const Linear& w, float* y, Thr
     return;
   }
   const bool round = mode != Mode::Fp32;
+  // Few rows (decode) in the fast mode: straight from the codes, no dequantized tile.
+  if (mode == Mode::Fast && m <= 8 && w.bi % 16 == 0 && kern::active_isa() == kern::Isa::Avx512) {
+    bool small_scales = true;
+    for (int64_t i = 0, n = ((N + w.bo - 1) / w.bo) * w.scale_cols(); i < n && small_scales; ++i)
+      small_scales = w.scale[i] < 0x1p120f;
+    if (small_scales) {
+      auto rows = [&](int64_t t0, int64_t t1, int) {
+        detail::linear_fp8_fast_avx512(x, m, w, y, t0 * kTile, std::min(N, t1 * kTile), round);
+      };
+      const int64_t tiles = (N + kTile - 1) / kTile;
+      if (pool && pool->size() > 1 && tiles > 1) pool->parallel_for(tiles, 1, rows);
+      else rows(0, tiles, 0);
+      return;
+    }
+  }
   auto run = [&](int64_t t0, int64_t t1, int) {
     thread_local std::vector<float> tile, yt;
     tile.resize(size_t(kTile * K));

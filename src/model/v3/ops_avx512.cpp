@@ -51,6 +51,58 @@ void dequant_fp8_rows_avx512(const Linear& w, int64_t r0, int64_t rows, bool rou
   }
 }
 
+namespace {
+inline __m512 dequant16(const uint8_t* codes, __m512 vs256, bool round) {
+  __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(e4m3x16_half(codes)), vs256);
+  if (round) {
+    __m512i u = _mm512_castps_si512(f);
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16),
+                                                                                          _mm512_set1_epi32(1))));
+    f = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32(int(0xffff0000u))));
+  }
+  return f;
+}
+inline float halving16(__m512 acc) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  float v8[8], v4[4];
+  for (int i = 0; i < 8; ++i) v8[i] = lanes[i] + lanes[i + 8];
+  for (int i = 0; i < 4; ++i) v4[i] = v8[i] + v8[i + 4];
+  return (v4[0] + v4[2]) + (v4[1] + v4[3]);
+}
+}  // namespace
+
+// Fast-mode outputs [n0, n1) of y[m][out] for m <= 8 rows straight from the FP8 codes: each weight
+// chunk of 16 is dequantized once and used by every row; per output the sum is dot_fma_lanes of
+// the dequantized row (16 lanes by k mod 16, FMAs in k order, halving tree). Needs bi % 16 == 0
+// and every scale below 2^120.
+void linear_fp8_fast_avx512(const float* x, int64_t m, const Linear& w, float* y, int64_t n0, int64_t n1, bool round) {
+  const int64_t K = w.in, N = w.out, sc = w.scale_cols();
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* codes = w.fp8 + n * K;
+    const float* srow = w.scale + (n / w.bo) * sc;
+    __m512 acc[8];
+    for (int64_t i = 0; i < m; ++i) acc[i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      const __m512 wv = dequant16(codes + k, _mm512_set1_ps(srow[k / w.bi] * 256.f), round);
+      for (int64_t i = 0; i < m; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * K + k), wv, acc[i]);
+    }
+    if (k < K) {
+      const __mmask16 mk = __mmask16((1u << (K - k)) - 1);
+      alignas(16) uint8_t tail[16] = {};
+      for (int64_t j = k; j < K; ++j) tail[j - k] = codes[j];
+      const __m512 wv = _mm512_maskz_mov_ps(mk, dequant16(tail, _mm512_set1_ps(srow[k / w.bi] * 256.f), round));
+      for (int64_t i = 0; i < m; ++i)
+        acc[i] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + i * K + k), wv, acc[i], mk);
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const float v = halving16(acc[i]);
+      y[i * N + n] = round ? round_bf16(v) : v;
+    }
+  }
+}
+
 float dot_fma_lanes_avx512(const float* a, const float* b, int64_t K) {
   __m512 acc = _mm512_setzero_ps();
   int64_t k = 0;
