@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "fuzz_util.h"
-#include "io/config.h"
+#include "model/v41/config.h"
 #include "io/safetensors.h"
 
 using namespace di;

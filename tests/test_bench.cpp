@@ -166,7 +166,7 @@ TEST(BenchRoofline, ExpertCounterCountsDistinctExperts) {
 
 TEST(BenchModel, ReportHasEveryField) {
   v41::Model& model = test::golden_model();
-  ModelInfo info;
+  BenchedModel info;
   info.path = test::golden_model_dir();
   info.file_bytes = checkpoint_file_bytes(info.path);
   info.config = model.config();

@@ -17,7 +17,7 @@
 
 #include "bench/serve_bench.h"
 #include "engine/engine.h"
-#include "model/v41/model.h"
+#include "model/model.h"
 #include "server_process.h"
 
 using namespace di::bench;
@@ -509,9 +509,10 @@ TEST(BenchServe, RandomIdsStayBelowTheServersVocab) {
 
 TEST(BenchServe, InProcessEngineOnTinyModel) {
   const std::string dir = di::test::e2e_model_dir();
-  std::shared_ptr<const di::v41::Model> model = di::v41::Model::load(dir);
+  di::LoadOptions lo;
+  lo.threads = 1;
+  std::shared_ptr<const di::Model> model = di::load_model(dir, lo);
   di::engine::EngineOptions eo;
-  eo.threads = 1;
   auto eng = di::engine::Engine::create(model, eo);
   ServeOptions o;
   o.num_prompts = 4;
@@ -527,7 +528,7 @@ TEST(BenchServe, InProcessEngineOnTinyModel) {
   EXPECT_EQ(r.metrics.total_output, 4 * 5);  // ignore_eos: every request runs to max_tokens
   EXPECT_GT(r.metrics.output_throughput, 0);
   EXPECT_EQ(r.json["backend"], "deepinfer-engine");
-  EXPECT_EQ(r.json["vocab_size"], model->sampleable_vocab());
+  EXPECT_EQ(r.json["vocab_size"], model->info().sampleable_vocab);
   EXPECT_GT(r.json["median_ttft_ms"].get<double>(), 0);
   EXPECT_GT(r.json["median_tpot_ms"].get<double>(), 0);
   EXPECT_TRUE(r.json.contains("p99_ttft_ms") && r.json.contains("p99_tpot_ms"));

@@ -33,8 +33,8 @@
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using namespace di;
-using namespace di::v41;
+// Inside di::v41: Model, SequenceState, ... are the concrete V4.1 types, not the interface's.
+namespace di::v41 {
 
 namespace {
 
@@ -501,3 +501,5 @@ TEST(MakeTiny, FastQuantizersMatchReferenceConversions) {
       EXPECT_EQ(tiny_detail::e2m1_code(x), f32_to_e2m1(x)) << x;
   EXPECT_GT(checked, 30'000'000u);
 }
+
+}  // namespace di::v41

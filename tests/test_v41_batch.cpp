@@ -11,8 +11,8 @@
 #include "model/v41/model.h"
 #include "test_paths.h"
 
-using namespace di;
-using namespace di::v41;
+// Inside di::v41: Model, SequenceState, ... are the concrete V4.1 types, not the interface's.
+namespace di::v41 {
 
 namespace {
 
@@ -136,3 +136,5 @@ TEST(Batch, InvalidItemLeavesEveryStateUntouched) {
 }
 
 }  // namespace
+
+}  // namespace di::v41

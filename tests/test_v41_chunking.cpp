@@ -10,8 +10,8 @@
 #include "model/v41/model.h"
 #include "test_paths.h"
 
-using namespace di;
-using namespace di::v41;
+// Inside di::v41: Model, SequenceState, ... are the concrete V4.1 types, not the interface's.
+namespace di::v41 {
 
 namespace {
 
@@ -180,3 +180,5 @@ TEST(Forward, RejectsBadTokens) {
 }
 
 }  // namespace
+
+}  // namespace di::v41

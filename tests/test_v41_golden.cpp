@@ -26,8 +26,8 @@
 #include "model/v41/model.h"
 #include "test_paths.h"
 
-using namespace di;
-using namespace di::v41;
+// Inside di::v41: Model, SequenceState, ... are the concrete V4.1 types, not the interface's.
+namespace di::v41 {
 
 namespace {
 
@@ -326,7 +326,7 @@ class GoldenTest : public ::testing::TestWithParam<Case> {
   void SetUp() override {
     model().set_index_key_policy(GetParam().variant == "official" ? IndexKeyPolicy::Reference : IndexKeyPolicy::PerSource);
   }
-  Model& model() const { return ::model(GetParam().numerics); }
+  Model& model() const { return v41::model(GetParam().numerics); }
 };
 
 TEST_P(GoldenTest, BlockLocalResync) {
@@ -431,3 +431,5 @@ INSTANTIATE_TEST_SUITE_P(V41, GoldenTest, ::testing::ValuesIn(all_cases()), [](c
 });
 
 }  // namespace
+
+}  // namespace di::v41

@@ -17,8 +17,8 @@
 #include "model/v41/model.h"
 #include "model/v41/tiny_generator.h"
 
-using namespace di;
-using namespace di::v41;
+// Inside di::v41: Model, SequenceState, ... are the concrete V4.1 types, not the interface's.
+namespace di::v41 {
 namespace fs = std::filesystem;
 
 namespace {
@@ -182,3 +182,5 @@ TEST(NumericsTinyAlt, FastChunkingIsBitIdentical) {
   const auto one_shot = run(int(toks.size()));
   for (int chunk : {1, 5, 13}) EXPECT_TRUE(run(chunk) == one_shot) << "chunks of " << chunk;
 }
+
+}  // namespace di::v41

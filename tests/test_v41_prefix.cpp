@@ -9,8 +9,8 @@
 #include "model/v41/model.h"
 #include "test_paths.h"
 
-using namespace di;
-using namespace di::v41;
+// Inside di::v41: Model, SequenceState, ... are the concrete V4.1 types, not the interface's.
+namespace di::v41 {
 
 namespace {
 
@@ -98,3 +98,5 @@ TEST(Prefix, PoolBudgetIsEnforcedBeforeAnyStateChange) {
 }
 
 }  // namespace
+
+}  // namespace di::v41

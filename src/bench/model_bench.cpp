@@ -74,7 +74,7 @@ int64_t checkpoint_file_bytes(const std::string& dir) {
   return b;
 }
 
-BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, const ModelBenchOptions& opts) {
+BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, const ModelBenchOptions& opts) {
   check_options(opts);
   auto log = [&](const std::string& s) { if (opts.log) opts.log(s); };
   const V41Config& cfg = model.config();

@@ -64,7 +64,7 @@ struct TestResult {
   std::vector<Phase> phases;
 };
 
-struct ModelInfo {
+struct BenchedModel {
   std::string path, size;
   int64_t params = 0;
   double active_params = 0;
@@ -76,7 +76,7 @@ struct BenchReport {
   std::string date, command;
   MachineInfo machine;
   int threads = 1;
-  ModelInfo model;
+  BenchedModel model;
   BandwidthResult bandwidth;        // measured before the tests
   MatmulPeak matmul;
   BandwidthResult bandwidth_after;  // and again after them (a shared machine drifts)
@@ -91,7 +91,7 @@ struct BenchReport {
 std::vector<MatmulShape> model_matmul_shapes(const V41Config& c, int m);
 
 // Measures bandwidth and matmul peak, then runs every test on `model`.
-BenchReport run_model_bench(const v41::Model& model, const ModelInfo& info, const ModelBenchOptions& opts);
+BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, const ModelBenchOptions& opts);
 
 nlohmann::json report_json(const BenchReport& r);
 std::string report_table(const BenchReport& r);

@@ -97,7 +97,7 @@ void run_model(const ModelArgs& a) {
   v41::LoadOptions lo;
   lo.numerics = resolve_numerics(a.numerics);
   auto model = v41::Model::load(dir, lo);
-  bench::ModelInfo info;
+  bench::BenchedModel info;
   info.path = dir;
   info.size = a.model_dir.empty() ? size : "";
   info.file_bytes = bench::checkpoint_file_bytes(dir);
