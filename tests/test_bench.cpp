@@ -11,10 +11,18 @@
 #include "bench/roofline.h"
 #include "bench/stats.h"
 #include "io/safetensors.h"
+#include "model/v41/cost.h"
 #include "test_paths.h"
 
 using namespace di;
 using namespace di::bench;
+// V4.1's step costs (model/v41/cost.h), which the bench reads through Model::step_cost().
+using di::v41::ExpertCounter;
+using di::v41::LayerCost;
+using di::v41::ModelCost;
+using di::v41::model_cost;
+using di::v41::query_cost;
+using di::v41::step_weight_bytes;
 
 TEST(BenchStats, PercentilesInterpolateLikeNumpy) {
   const std::vector<double> x{4, 1, 3, 2};
@@ -169,7 +177,6 @@ TEST(BenchModel, ReportHasEveryField) {
   BenchedModel info;
   info.path = test::golden_model_dir();
   info.file_bytes = checkpoint_file_bytes(info.path);
-  info.config = model.config();
   ModelBenchOptions o;
   o.prompt_sizes = {8};
   o.gen_sizes = {4};
@@ -191,6 +198,8 @@ TEST(BenchModel, ReportHasEveryField) {
   for (const char* k : {"cpu_model", "logical_cpus", "kernel_isa", "l3_bytes", "cpu_flags"}) EXPECT_TRUE(j["machine"].contains(k)) << k;
   EXPECT_FALSE(j["machine"]["kernel_isa"].get<std::string>().empty());
   EXPECT_GT(j["model"]["params"].get<int64_t>(), 0);
+  EXPECT_EQ(j["model"]["arch"], "deepseek_v4.1");
+  EXPECT_EQ(j["model"]["config"]["n_layers"].get<int>(), model.config().n_layers);
   EXPECT_GT(j["model"]["file_bytes"].get<int64_t>(), 0);
   EXPECT_GT(j["bandwidth"]["read_gbs"]["median"].get<double>(), 0);
   const bool bf16 = j["matmul"]["bf16_supported"].get<bool>();

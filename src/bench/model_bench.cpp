@@ -55,15 +55,10 @@ nlohmann::json summary_json(const Summary& s) {
 
 }  // namespace
 
-std::vector<MatmulShape> model_matmul_shapes(const V41Config& c, int m) {
-  return {
-      {m, c.dim, c.q_lora_rank, "attn.wq_a"},
-      {m, c.q_lora_rank, int64_t(c.n_heads) * c.head_dim, "attn.wq_b"},
-      {m, int64_t(c.o_groups) * c.o_lora_rank, c.dim, "attn.wo_b"},
-      {m, c.dim, c.moe_inter_dim, "ffn.shared_experts.w1"},
-      // A size-independent reference, so that a small model's thin shapes do not understate the machine.
-      {512, 2048, 2048, "reference"},
-  };
+std::vector<MatmulShape> model_matmul_shapes(const StepCost& cost, int m) {
+  std::vector<MatmulShape> out;
+  for (const LinearShape& l : cost.linear_shapes(m)) out.push_back({l.m, l.k, l.n, l.name});
+  return out;
 }
 
 int64_t checkpoint_file_bytes(const std::string& dir) {
@@ -74,10 +69,12 @@ int64_t checkpoint_file_bytes(const std::string& dir) {
   return b;
 }
 
-BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, const ModelBenchOptions& opts) {
+BenchReport run_model_bench(const Model& model, const BenchedModel& info, const ModelBenchOptions& opts) {
   check_options(opts);
   auto log = [&](const std::string& s) { if (opts.log) opts.log(s); };
-  const V41Config& cfg = model.config();
+  const std::unique_ptr<StepCost> cost = model.step_cost();
+  if (!cost) throw std::invalid_argument("bench: the " + model.info().arch + " model declares no step costs");
+  const int n_layers = std::max(1, cost->n_layers());
   BenchReport rep;
   rep.machine = machine_info();
   rep.threads = opts.threads;
@@ -87,46 +84,50 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
   rep.bandwidth = measure_bandwidth({opts.threads, opts.bandwidth_bytes, opts.bandwidth_passes});
   log(fmt("bandwidth: read %.1f GB/s, triad %.1f GB/s", rep.bandwidth.read_gbs.median, rep.bandwidth.triad_gbs.median));
   log("matmul peak (oneDNN)");
-  rep.matmul = measure_matmul_peak(model_matmul_shapes(cfg, opts.matmul_m), opts.threads, 5, 0.15);
+  rep.matmul = measure_matmul_peak(model_matmul_shapes(*cost, opts.matmul_m), opts.threads, 5, 0.15);
   log(fmt("matmul peak: bf16 %.1f GFLOP/s, f32 %.1f GFLOP/s", rep.matmul.bf16_gflops, rep.matmul.f32_gflops));
   if (!rep.matmul.bf16_supported) log(rep.matmul.bf16_unsupported + "; the compute roofline uses the f32 peak");
   // Streaming weights is a read-only pattern: the read pass is the decode roofline's bandwidth.
   const double bw = rep.bandwidth.read_gbs.median, peak = rep.matmul.peak_gflops();
-  const ModelCost cost = model_cost(cfg);
-  rep.model.active_params = cost.active_params;
-  if (rep.model.params == 0) rep.model.params = cost.total_params;
+  rep.model.active_params = cost->active_params();
+  rep.model.arch = model.info().arch;
+  rep.model.config = cost->shape();
+  if (rep.model.params == 0) rep.model.params = cost->total_params();
 
-  // The kernels split their output columns over this pool (the forward pass itself runs on the
-  // calling thread); the previous default pool is restored on return.
+  // The kernels split their output columns over the model's own pool, or, for a model without one,
+  // over this pool (the forward pass itself runs on the calling thread); the previous default pool
+  // is restored on return.
   struct PoolScope {
     std::unique_ptr<ThreadPool> pool;
     ThreadPool* previous = kern::default_pool();
     explicit PoolScope(int n) : pool(n > 1 ? std::make_unique<ThreadPool>(n) : nullptr) { kern::set_default_pool(pool.get()); }
     ~PoolScope() { kern::set_default_pool(previous); }
-  } pool_scope(opts.threads);
+  } pool_scope(model.thread_pool() ? 1 : opts.threads);
 
   std::mt19937_64 rng(opts.seed);
-  // Token ids the tokenizer knows (the Engram map covers exactly those; the vocab is padded).
-  const size_t mapped = model.engram_token_map().compressed.size();
-  const int64_t n_ids = mapped > 0 ? std::min<int64_t>(cfg.vocab_size, int64_t(mapped)) : cfg.vocab_size;
-  v41::Workspace ws;
+  // Token ids a sampler may produce (the vocab may be padded beyond what the tokenizer defines).
+  const int64_t n_ids = model.info().sampleable_vocab;
+  // Two workspaces: forward passes with `observed` report what they ran to the cost model.
+  const std::unique_ptr<Workspace> plain = model.new_workspace(), observed = model.new_workspace();
+  cost->attach(*observed);
   std::vector<float> logits;
-  ExpertCounter counter(cfg);
-  v41::ForwardOptions observed;
-  observed.observer = &counter;
-  const v41::ForwardOptions plain;
+  const StateOptions fresh{64, 64, nullptr, nullptr};
+  auto forward = [&](SequenceState& s, std::span<const int32_t> toks, Workspace& ws) {
+    BatchItem item{&s, toks, false, &logits};
+    model.forward_batch(std::span(&item, 1), ws);
+  };
 
   // Warm-up: faults in the mapped weights (an 8-token chunk runs most experts) and grows the
   // workspace, so that samples pay for neither.
   {
-    v41::SequenceState s = model.new_state();
+    const auto s = model.new_state(fresh);
     const auto toks = random_tokens(rng, n_ids, 8);
-    model.forward(s, toks, logits, plain, ws);
-    model.forward(s, std::span(toks).first(1), logits, plain, ws);
+    forward(*s, toks, *observed);
+    forward(*s, std::span(toks).first(1), *observed);
   }
 
   // Time accounting of the model phases and the pool over each test's timed samples (off outside them).
-  ThreadPool* pool = pool_scope.pool.get();
+  ThreadPool* pool = model.thread_pool() ? model.thread_pool() : pool_scope.pool.get();
   auto timing_begin = [&] {
     phase::record(true);
     if (!pool) return;
@@ -154,13 +155,13 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
   const int gen_default = opts.gen_sizes.empty() ? 16 : opts.gen_sizes.front();
   const int batch_steps = opts.batch_steps > 0 ? opts.batch_steps : gen_default;
   for (const int64_t depth : opts.depths) {
-    v41::SequenceState base = model.new_state();
+    const std::unique_ptr<SequenceState> base = model.new_state(fresh);
     if (depth > 0) {
       const auto fill = random_tokens(rng, n_ids, size_t(depth));
       const auto t0 = Clock::now();
       for (int64_t at = 0; at < depth; at += opts.fill_chunk) {
         const int64_t n = std::min<int64_t>(opts.fill_chunk, depth - at);
-        model.forward(base, std::span(fill).subspan(size_t(at), size_t(n)), logits, plain, ws);
+        forward(*base, std::span(fill).subspan(size_t(at), size_t(n)), *plain);
         log(fmt("depth fill: %.0f / %.0f tokens (%.1f s)", double(at + n), double(depth), since(t0)));
       }
     }
@@ -168,7 +169,7 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
     auto queries = [&](int64_t n) {
       QueryCost q;
       for (int64_t t = depth; t < depth + n; ++t) {
-        const QueryCost c = query_cost(cfg, t);
+        const QueryCost c = cost->query(t);
         q.kv_bytes += c.kv_bytes;
         q.attn_flops += c.attn_flops;
       }
@@ -185,25 +186,25 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
       double distinct = 0;
       timing_begin();
       for (int k = 0; k < opts.reps; ++k) {
-        v41::SequenceState s = base;
+        const auto s = base->clone();
         const auto toks = random_tokens(rng, n_ids, size_t(p));
-        counter.begin_step();
+        cost->begin_step();
         const auto t0 = Clock::now();
-        model.forward(s, toks, logits, observed, ws);
+        forward(*s, toks, *observed);
         const double dt = since(t0);
         secs.push_back(dt);
         tps.push_back(p / dt);
-        for (int d : counter.distinct()) distinct += d;
+        distinct += cost->distinct_experts();
         log(r.name + " @ d" + std::to_string(depth) + fmt(": rep %.0f: %.2f t/s", k + 1, p / dt));
       }
       timing_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), opts.reps);
-      r.distinct_experts = distinct / opts.reps / std::max(1, cfg.n_layers);
+      r.distinct_experts = distinct / opts.reps / n_layers;
       const QueryCost q = queries(p);
       // The chunk reads the weights once; its KV reads mostly hit cache, so the last query's
       // stands for them. FLOPs: every token's linears, attention, one head row.
-      const double wbytes = step_weight_bytes(cost, counter.distinct(), p, p, 1);
-      const double flops = p * token_linear_flops(cost) + q.attn_flops + 2 * cost.head_params;
-      r.roofline = make_roofline(wbytes, query_cost(cfg, depth + p - 1).kv_bytes, flops, bw, peak);
+      const double wbytes = cost->step_weight_bytes(p, p, 1);
+      const double flops = p * cost->token_linear_flops() + q.attn_flops + 2 * cost->head_params();
+      r.roofline = make_roofline(wbytes, cost->query(depth + p - 1).kv_bytes, flops, bw, peak);
       r.seconds = summarize(secs);
       r.tokens_per_s = summarize(tps);
       r.measured_s = r.seconds.median;
@@ -221,16 +222,16 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
       double wbytes = 0, distinct = 0;
       timing_begin();
       for (int k = 0; k < opts.reps; ++k) {
-        v41::SequenceState s = base;
+        const auto s = base->clone();
         const auto toks = random_tokens(rng, n_ids, size_t(n));
         double t = 0;
         for (int i = 0; i < n; ++i) {
-          counter.begin_step();
+          cost->begin_step();
           const auto t0 = Clock::now();
-          model.forward(s, std::span(toks).subspan(size_t(i), 1), logits, observed, ws);
+          forward(*s, std::span(toks).subspan(size_t(i), 1), *observed);
           t += since(t0);
-          wbytes += step_weight_bytes(cost, counter.distinct(), 1, 1, 1);
-          for (int d : counter.distinct()) distinct += d;
+          wbytes += cost->step_weight_bytes(1, 1, 1);
+          distinct += cost->distinct_experts();
         }
         secs.push_back(t);
         tps.push_back(n / t);
@@ -239,10 +240,10 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
       }
       const double steps = double(n) * opts.reps;
       timing_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), steps);
-      r.distinct_experts = distinct / steps / std::max(1, cfg.n_layers);
+      r.distinct_experts = distinct / steps / n_layers;
       const QueryCost q = queries(n);
       r.roofline = make_roofline(wbytes / steps, q.kv_bytes / n,
-                                 token_linear_flops(cost) + q.attn_flops / n + 2 * cost.head_params, bw, peak);
+                                 cost->token_linear_flops() + q.attn_flops / n + 2 * cost->head_params(), bw, peak);
       r.seconds = summarize(secs);
       r.tokens_per_s = summarize(tps);
       r.step_ms = summarize(step);
@@ -262,21 +263,22 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
       std::vector<double> secs, tps, step;
       double wbytes = 0, distinct = 0;
       std::vector<std::vector<float>> outs(static_cast<size_t>(B));
-      std::vector<v41::BatchItem> items(static_cast<size_t>(B));
+      std::vector<BatchItem> items(static_cast<size_t>(B));
       timing_begin();
       for (int k = 0; k < opts.reps; ++k) {
-        std::vector<v41::SequenceState> states(size_t(B), base);
+        std::vector<std::unique_ptr<SequenceState>> states;
+        for (int b = 0; b < B; ++b) states.push_back(base->clone());
         const auto toks = random_tokens(rng, n_ids, size_t(B) * batch_steps);
         double t = 0;
         for (int i = 0; i < batch_steps; ++i) {
           for (int b = 0; b < B; ++b)
-            items[size_t(b)] = {&states[size_t(b)], std::span(toks).subspan(size_t(i) * B + b, 1), false, &outs[size_t(b)]};
-          counter.begin_step();
+            items[size_t(b)] = {states[size_t(b)].get(), std::span(toks).subspan(size_t(i) * B + b, 1), false, &outs[size_t(b)]};
+          cost->begin_step();
           const auto t0 = Clock::now();
-          model.forward_batch(items, observed, ws);
+          model.forward_batch(items, *observed);
           t += since(t0);
-          wbytes += step_weight_bytes(cost, counter.distinct(), B, 1, B);
-          for (int d : counter.distinct()) distinct += d;
+          wbytes += cost->step_weight_bytes(B, 1, B);
+          distinct += cost->distinct_experts();
         }
         secs.push_back(t);
         tps.push_back(double(B) * batch_steps / t);
@@ -285,10 +287,10 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
       }
       const double steps = double(batch_steps) * opts.reps;
       timing_end(r, std::accumulate(secs.begin(), secs.end(), 0.0), steps);
-      r.distinct_experts = distinct / steps / std::max(1, cfg.n_layers);
+      r.distinct_experts = distinct / steps / n_layers;
       const QueryCost q = queries(batch_steps);
       r.roofline = make_roofline(wbytes / steps, B * q.kv_bytes / batch_steps,
-                                 B * (token_linear_flops(cost) + q.attn_flops / batch_steps + 2 * cost.head_params), bw, peak);
+                                 B * (cost->token_linear_flops() + q.attn_flops / batch_steps + 2 * cost->head_params()), bw, peak);
       r.seconds = summarize(secs);
       r.tokens_per_s = summarize(tps);
       r.step_ms = summarize(step);
@@ -300,7 +302,7 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
 
   log("bandwidth and matmul peak again, after the tests");
   rep.bandwidth_after = measure_bandwidth({opts.threads, opts.bandwidth_bytes, opts.bandwidth_passes});
-  rep.matmul_peak_after = measure_matmul_peak(model_matmul_shapes(cfg, opts.matmul_m), opts.threads, 5, 0.15).peak_gflops();
+  rep.matmul_peak_after = measure_matmul_peak(model_matmul_shapes(*cost, opts.matmul_m), opts.threads, 5, 0.15).peak_gflops();
   log(fmt("after: read %.1f GB/s, matmul peak %.1f GFLOP/s", rep.bandwidth_after.read_gbs.median, rep.matmul_peak_after) +
       " (" + rep.matmul.peak_dtype() + ")");
   rep.roofline_read_gbs = std::max(bw, rep.bandwidth_after.read_gbs.median);
@@ -316,7 +318,8 @@ BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, c
 nlohmann::json report_json(const BenchReport& r) {
   using nlohmann::json;
   const auto& m = r.machine;
-  const auto& c = r.model.config;
+  json config = json::object();
+  for (const auto& [name, v] : r.model.config) config[name] = v;
   json j;
   j["date"] = r.date;
   j["command"] = r.command;
@@ -326,10 +329,7 @@ nlohmann::json report_json(const BenchReport& r) {
   j["threads"] = r.threads;
   j["model"] = {{"path", r.model.path}, {"size", r.model.size}, {"params", r.model.params},
                 {"active_params_per_token", r.model.active_params}, {"file_bytes", r.model.file_bytes},
-                {"config", {{"dim", c.dim}, {"n_layers", c.n_layers}, {"n_heads", c.n_heads}, {"head_dim", c.head_dim},
-                            {"moe_inter_dim", c.moe_inter_dim}, {"n_routed_experts", c.n_routed_experts},
-                            {"n_activated_experts", c.n_activated_experts}, {"vocab_size", c.vocab_size},
-                            {"window_size", c.window_size}, {"index_topk", c.index_topk}}}};
+                {"arch", r.model.arch}, {"config", config}};
   j["bandwidth"] = {{"threads", r.bandwidth.threads}, {"bytes", r.bandwidth.bytes},
                     {"read_gbs", summary_json(r.bandwidth.read_gbs)}, {"triad_gbs", summary_json(r.bandwidth.triad_gbs)}};
   j["bandwidth_after"] = {{"read_gbs", summary_json(r.bandwidth_after.read_gbs)},

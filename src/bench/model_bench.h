@@ -15,6 +15,7 @@
 #include "bench/membw.h"
 #include "bench/roofline.h"
 #include "bench/stats.h"
+#include "model/model.h"
 
 namespace di::bench {
 
@@ -69,7 +70,8 @@ struct BenchedModel {
   int64_t params = 0;
   double active_params = 0;
   int64_t file_bytes = 0;
-  V41Config config;
+  std::string arch;                                        // filled by run_model_bench
+  std::vector<std::pair<std::string, int64_t>> config;  // StepCost::shape(), filled by run_model_bench
 };
 
 struct BenchReport {
@@ -88,10 +90,10 @@ struct BenchReport {
 };
 
 // Shapes for the matmul peak: the model's big linears at M = m rows.
-std::vector<MatmulShape> model_matmul_shapes(const V41Config& c, int m);
+std::vector<MatmulShape> model_matmul_shapes(const StepCost& cost, int m);
 
 // Measures bandwidth and matmul peak, then runs every test on `model`.
-BenchReport run_model_bench(const v41::Model& model, const BenchedModel& info, const ModelBenchOptions& opts);
+BenchReport run_model_bench(const Model& model, const BenchedModel& info, const ModelBenchOptions& opts);
 
 nlohmann::json report_json(const BenchReport& r);
 std::string report_table(const BenchReport& r);

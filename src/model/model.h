@@ -19,8 +19,11 @@
 
 #include "core/numerics.h"
 #include "kvcache/page_pool.h"
+#include "model/cost.h"
 
 namespace di {
+
+class ThreadPool;
 
 struct ModelInfo {
   std::string arch;          // registry name: "deepseek_v4.1", "deepseek_v3"
@@ -99,6 +102,11 @@ class Model {
   // A prefix no longer than that is cheaper to recompute than to resume.
   virtual int64_t resume_tokens() const = 0;
   virtual void resume(SequenceState& state, Workspace& ws) const = 0;
+  // What steps move and compute (the bench's rooflines); null where the architecture declares none.
+  virtual std::unique_ptr<StepCost> step_cost() const { return nullptr; }
+  // The pool the model's forward passes run their kernels on (LoadOptions::threads), for a
+  // benchmark's accounting of the threads' time; null when they use the calling thread's.
+  virtual ThreadPool* thread_pool() const { return nullptr; }
 };
 
 struct LoadOptions {

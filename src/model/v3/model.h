@@ -83,7 +83,7 @@ class Model final : public di::Model {
   }
   // Bytes of one cache page (one layer's rows of page_tokens tokens) and of all layers' pages.
   size_t page_bytes(int page_tokens) const;
-  ThreadPool* thread_pool() const { return pool_.get(); }
+  ThreadPool* thread_pool() const override { return pool_.get(); }
 
   // di::Model. One stream per layer, "layer<i>.latent_rope": kv_lora_rank + qk_rope_head_dim fp32.
   const ModelInfo& info() const override { return info_; }

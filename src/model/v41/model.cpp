@@ -251,7 +251,7 @@ void Model::forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) con
     if (!it.state) throw std::invalid_argument("forward: batch item without a state");
     w.items.push_back({&own_state(it.state), it.tokens, it.all_logits, it.logits});
   }
-  forward_batch(w.items, ForwardOptions{}, w);
+  forward_batch(w.items, ForwardOptions{false, w.observer}, w);
 }
 
 void Model::resume(di::SequenceState& state, di::Workspace& ws) const { rebuild_windows(own_state(&state), own_workspace(ws)); }

@@ -96,6 +96,7 @@ struct Segment {
 // Scratch memory reused across calls, so a warm forward pass does not allocate.
 struct Workspace final : di::Workspace {
   std::vector<BatchItem> items;  // the interface's batch, as this model's items
+  ForwardObserver* observer = nullptr;  // taps the interface's forward_batch (StepCost::attach)
   std::vector<float> stream, stream2, pre_mix, x, f, y, tmp, mix, qr, q, kv, attn_out, logits_rows, head_out;
   std::vector<float> coef_pre, coef_post, coef_comb, next_pre;
   std::vector<int32_t> comp_tokens, history, hash_ids, topk, expert_ids, order, top_blocks, slots;
@@ -131,7 +132,7 @@ class Model final : public di::Model {
   IndexKeyPolicy index_key_policy() const { return policy_; }
   Numerics numerics() const { return numerics_; }
   void set_index_key_policy(IndexKeyPolicy p);
-  ThreadPool* thread_pool() const { return pool_.get(); }
+  ThreadPool* thread_pool() const override { return pool_.get(); }
   SequenceState new_state(int max_rollback = 64, int page_tokens = 64, PagePool* pool = nullptr,
                           PagePool* state_pool = nullptr) const {
     return SequenceState(cfg_, max_rollback, page_tokens, pool, state_pool);
@@ -160,6 +161,7 @@ class Model final : public di::Model {
   void forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) const override;
   int64_t resume_tokens() const override { return replay_tokens(); }
   void resume(di::SequenceState& state, di::Workspace& ws) const override;
+  std::unique_ptr<StepCost> step_cost() const override;  // model/v41/cost.cpp
 
  private:
   Model() = default;

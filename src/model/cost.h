@@ -1,0 +1,47 @@
+// What forward steps move and compute, as an architecture declares it: the bench's rooflines
+// (bench/model_bench) read it through Model::step_cost() and need no architecture header.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace di {
+
+class Workspace;
+
+// KV bytes read and attention FLOPs of one query.
+struct QueryCost {
+  double kv_bytes = 0, attn_flops = 0;
+};
+
+// A linear layer's matmul at m rows (m x k times k x n).
+struct LinearShape {
+  int64_t m = 0, k = 0, n = 0;
+  std::string name;
+};
+
+class StepCost {
+ public:
+  virtual ~StepCost() = default;
+  virtual int64_t total_params() const = 0;  // values of every checkpoint tensor
+  virtual double active_params() const = 0;  // per token, including one logits row of the head
+  virtual double head_params() const = 0;
+  virtual int n_layers() const = 0;
+  // The config's main sizes, named as in the architecture's config (for reports).
+  virtual std::vector<std::pair<std::string, int64_t>> shape() const = 0;
+  virtual std::vector<LinearShape> linear_shapes(int m) const = 0;  // the big linears, for the matmul peak
+  virtual QueryCost query(int64_t t) const = 0;                      // one query at absolute position t
+  virtual double token_linear_flops() const = 0;  // matmul FLOPs of one token, without attention and head
+  // Observes the forward passes run with `ws` (a workspace of the same model) from now on; a step
+  // is what runs between begin_step() calls.
+  virtual void attach(Workspace& ws) = 0;
+  virtual void begin_step() = 0;
+  // Weight bytes the observed step touched; `tokens_per_seq` sets shares of weights that run once
+  // per several tokens of a sequence.
+  virtual double step_weight_bytes(int64_t tokens, int64_t tokens_per_seq, int64_t logits_rows) const = 0;
+  virtual double distinct_experts() const = 0;  // routed experts the observed step ran, summed over layers
+};
+
+}  // namespace di
