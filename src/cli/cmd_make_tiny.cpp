@@ -32,7 +32,8 @@ void add_make_tiny(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("make-tiny", "Generate a random checkpoint in the release format");
   cmd->add_option("--arch", args->opts.arch, "architecture")->check(CLI::IsMember(generator_archs()))->capture_default_str();
-  cmd->add_option("--size", args->opts.size, "v41: tiny | tiny-alt | small (~1.6 GB) | medium (~7 GB)")
+  cmd->add_option("--size", args->opts.size,
+                  "v41: tiny | tiny-alt | small (~1.6 GB) | medium (~7 GB); v3: tiny | small (~1 B params) | medium (~3.1 B)")
       ->check(CLI::IsMember(all_generator_sizes()))
       ->capture_default_str();
   cmd->add_option("--seed", args->opts.seed, "random seed (same seed = byte-identical files)")->capture_default_str();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "model/v3/tiny_generator.h"
 #include "model/v41/tiny_generator.h"
 
 namespace di {
@@ -34,6 +35,31 @@ GeneratedModel generate_v41(const GenerateOptions& o, const std::string& out_dir
   return g;
 }
 
+GeneratedModel generate_v3(const GenerateOptions& o, const std::string& out_dir) {
+  v3::TinyOptions t;
+  t.size = o.size;
+  t.seed = o.seed;
+  t.tokenizer_path = o.tokenizer_path;
+  t.threads = o.threads;
+  t.shard_bytes = o.shard_bytes;
+  t.force = o.force;
+  t.progress = o.progress;
+  const v3::TinyResult r = v3::make_tiny_checkpoint(t, out_dir);
+  const auto& c = r.config;
+  GeneratedModel g;
+  g.summary = "DeepSeek-V3: dim " + std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers (" +
+              std::to_string(c.n_dense_layers) + " dense) + " + std::to_string(c.n_mtp_layers) + " MTP, " +
+              std::to_string(c.n_routed_experts) + " routed experts (" + std::to_string(c.n_activated_experts) +
+              " active), " + std::to_string(c.n_heads) + " heads, kv_lora " + std::to_string(c.kv_lora_rank);
+  g.n_params = r.n_params;
+  g.tensor_bytes = r.tensor_bytes;
+  g.file_bytes = r.file_bytes;
+  g.n_tensors = r.n_tensors;
+  g.n_shards = r.n_shards;
+  g.seconds = r.seconds;
+  return g;
+}
+
 struct Generator {
   std::string arch;
   const std::vector<std::string>& (*sizes)();
@@ -41,7 +67,8 @@ struct Generator {
 };
 
 const std::vector<Generator>& generators() {
-  static const std::vector<Generator> g = {{"v41", &v41::tiny_size_names, &generate_v41}};
+  static const std::vector<Generator> g = {{"v41", &v41::tiny_size_names, &generate_v41},
+                                                {"v3", &v3::tiny_size_names, &generate_v3}};
   return g;
 }
 

@@ -12,6 +12,9 @@ namespace di {
 namespace v41 {
 std::unique_ptr<Model> load_as_model(const std::string& model_dir, const LoadOptions& opts);
 }
+namespace v3 {
+std::unique_ptr<Model> load_as_model(const std::string& model_dir, const LoadOptions& opts);
+}
 
 namespace {
 
@@ -23,6 +26,7 @@ struct Registered {
 const std::vector<Registered>& registry() {
   static const std::vector<Registered> r = {
       {{"deepseek_v4.1", {"deepseek_v41"}, {"DeepseekV41ForCausalLM"}}, &v41::load_as_model},
+      {{"deepseek_v3", {"deepseek_v3"}, {"DeepseekV3ForCausalLM"}}, &v3::load_as_model},
   };
   return r;
 }

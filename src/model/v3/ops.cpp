@@ -1,0 +1,134 @@
+#include "model/v3/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/dtypes.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/ref_ops.h"
+
+namespace di::v3 {
+
+namespace detail {
+void dequant_fp8_rows_avx512(const Linear& w, int64_t r0, int64_t rows, bool round, float* out);
+float dot_fma_lanes_avx512(const float* a, const float* b, int64_t K);
+void linear_fp8_fast_avx512(const float* x, int64_t m, const Linear& w, float* y, int64_t n0, int64_t n1, bool round);
+}
+
+const char* mode_name(Mode m) { return m == Mode::Fast ? "fast" : m == Mode::Exact ? "exact" : "fp32"; }
+
+void dequant_rows(const Linear& w, int64_t r0, int64_t rows, bool round, float* out) {
+  if (w.fp8 && kern::active_isa() == kern::Isa::Avx512) return detail::dequant_fp8_rows_avx512(w, r0, rows, round, out);
+  dequant_rows_scalar(w, r0, rows, round, out);
+}
+
+void dequant_rows_scalar(const Linear& w, int64_t r0, int64_t rows, bool round, float* out) {
+  const int64_t K = w.in;
+  if (!w.fp8) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < K; ++k) out[r * K + k] = bf16_to_f32(w.bf16[(r0 + r) * K + k]);
+    return;
+  }
+  const int64_t sc = w.scale_cols();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = r0 + r;
+    const uint8_t* codes = w.fp8 + n * K;
+    const float* srow = w.scale + (n / w.bo) * sc;
+    float* o = out + r * K;
+    for (int64_t kb = 0; kb < sc; ++kb) {
+      const float s = srow[kb];
+      const int64_t k1 = std::min(K, (kb + 1) * w.bi);
+      if (round)
+        for (int64_t k = kb * w.bi; k < k1; ++k) o[k] = round_bf16(e4m3_to_f32(codes[k]) * s);
+      else
+        for (int64_t k = kb * w.bi; k < k1; ++k) o[k] = e4m3_to_f32(codes[k]) * s;
+    }
+  }
+}
+
+namespace {
+constexpr int64_t kTile = 16;  // output rows dequantized at a time
+}
+
+void linear(Mode mode, const float* x, int64_t m, const Linear& w, float* y, ThreadPool* pool) {
+  if (m <= 0 || w.out <= 0) return;
+  if (!pool) pool = kern::default_pool();
+  const int64_t K = w.in, N = w.out;
+  if (!w.fp8 && mode != Mode::Fp32) {
+    const ref::Bf16Weight bw{w.bf16, N, K};
+    if (mode == Mode::Fast) kern::fast::linear_bf16(x, m, bw, y, true, pool);
+    else kern::linear_bf16(x, m, bw, y, true, pool);
+    return;
+  }
+  const bool round = mode != Mode::Fp32;
+  // Few rows (decode) in the fast mode: straight from the codes, no dequantized tile.
+  if (mode == Mode::Fast && m <= 8 && w.bi % 16 == 0 && kern::active_isa() == kern::Isa::Avx512) {
+    bool small_scales = true;
+    for (int64_t i = 0, n = ((N + w.bo - 1) / w.bo) * w.scale_cols(); i < n && small_scales; ++i)
+      small_scales = w.scale[i] < 0x1p120f;
+    if (small_scales) {
+      auto rows = [&](int64_t t0, int64_t t1, int) {
+        detail::linear_fp8_fast_avx512(x, m, w, y, t0 * kTile, std::min(N, t1 * kTile), round);
+      };
+      const int64_t tiles = (N + kTile - 1) / kTile;
+      if (pool && pool->size() > 1 && tiles > 1) pool->parallel_for(tiles, 1, rows);
+      else rows(0, tiles, 0);
+      return;
+    }
+  }
+  auto run = [&](int64_t t0, int64_t t1, int) {
+    thread_local std::vector<float> tile, yt;
+    tile.resize(size_t(kTile * K));
+    yt.resize(size_t(m * kTile));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = t * kTile, rows = std::min(kTile, N - r0);
+      dequant_rows(w, r0, rows, round, tile.data());
+      const ref::F32Weight fw{tile.data(), rows, K};
+      // Inside a pool job the kernels run single-threaded on this thread.
+      if (mode == Mode::Fast) kern::fast::linear_f32(x, m, fw, yt.data(), nullptr);
+      else kern::linear_f32(x, m, fw, yt.data(), nullptr);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t r = 0; r < rows; ++r) {
+          const float v = yt[size_t(i * rows + r)];
+          y[i * N + r0 + r] = round ? round_bf16(v) : v;
+        }
+    }
+  };
+  const int64_t tiles = (N + kTile - 1) / kTile;
+  if (pool && pool->size() > 1 && tiles > 1) pool->parallel_for(tiles, 1, run);
+  else run(0, tiles, 0);
+}
+
+float dot(Mode mode, const float* a, const float* b, int64_t n) {
+  if (mode == Mode::Fast)
+    return kern::active_isa() == kern::Isa::Avx512 ? detail::dot_fma_lanes_avx512(a, b, n) : ref::fast::dot_fma_lanes(a, b, n);
+  double acc = 0;
+  for (int64_t k = 0; k < n; ++k) acc += double(a[k]) * double(b[k]);
+  return float(acc);
+}
+
+void rms_norm(Mode mode, const float* x, const uint16_t* weight, int64_t n, float eps, float* y) {
+  switch (mode) {
+    case Mode::Fast: return kern::fast::rms_norm(x, weight, n, eps, y);
+    case Mode::Exact: return ref::rms_norm(x, weight, n, eps, y);
+    case Mode::Fp32: {
+      const float r = ref::rms_scale(x, n, eps);
+      for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(weight[i]) * (x[i] * r);
+      return;
+    }
+  }
+}
+
+void rope(float* x, int64_t n, const float* cs, bool round) {
+  for (int64_t i = 0; i < n / 2; ++i) {
+    const float a = x[2 * i], b = x[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+    const float ac = a * c, bs = b * s, as = a * s, bc = b * c;
+    const float u = ac - bs, v = as + bc;
+    x[2 * i] = round ? round_bf16(u) : u;
+    x[2 * i + 1] = round ? round_bf16(v) : v;
+  }
+}
+
+}  // namespace di::v3
