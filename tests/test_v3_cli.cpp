@@ -9,8 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "openai/protocol.h"
 #include "server_process.h"
+#include "server_test_util.h"
 #include "test_v3_paths.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -39,4 +43,23 @@ TEST(V3Cli, GenerateReproducesOfficialGreedy) {
       want.resize(16);
       EXPECT_EQ(j.at("generated_ids").get<std::vector<int>>(), want) << p.at("name") << " " << numerics;
     }
+}
+
+// `serve` without --chat-format renders chats in the loaded model's own format (V3 here), not V4.1's.
+TEST(V3Cli, ServeRendersChatsInTheModelsFormat) {
+  di::test::ServerProcess srv({di::test::v3_golden_model_dir(), "--port", "0", "--tokenizer", tokenizer(), "--threads", "1"});
+  ASSERT_TRUE(srv.wait_healthy(120)) << srv.log();
+  const std::string body =
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]})";
+  const auto reply = di::test::fetch(srv.port(), "POST", "/tokenize", body);
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const auto served = nlohmann::json::parse(reply.body).at("tokens").get<std::vector<int32_t>>();
+
+  const auto tok = di::Tokenizer::from_file(tokenizer());
+  const auto conv = di::openai::convert_chat_request(nlohmann::ordered_json::parse(body), {});
+  ASSERT_TRUE(conv.ok());
+  auto render = [&](di::chat::ChatFormat f) { return di::chat::encode_chat(*tok, f, conv.request->chat).ids; };
+  EXPECT_EQ(served, render(di::chat::ChatFormat::DeepSeekV3));
+  // The old default could not even serve it: V4.1's format needs control tokens V3's tokenizer lacks.
+  EXPECT_ANY_THROW(render(di::chat::ChatFormat::DeepSeekV41));
 }

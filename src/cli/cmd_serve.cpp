@@ -24,7 +24,7 @@ namespace di::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model_dir, tokenizer, chat_format = "deepseek-v4.1", log_level = "info", numerics;
+  std::string model_dir, tokenizer, chat_format, log_level = "info", numerics;
   server::ServerOptions server;
   engine::EngineOptions engine;
   double cache_mib = 1024;
@@ -106,6 +106,7 @@ server::LoadedModel load_serving_model(const ServeArgs& a, const std::string& di
   lm.model.bos_id = info.bos_id;
   lm.model.eos_id = info.eos_id;
   lm.model.max_context = a.engine.max_context > 0 ? std::min(a.engine.max_context, info.max_context) : info.max_context;
+  lm.model.chat_format = chat::parse_chat_format(info.chat_format);
   engine::EngineOptions eo = a.engine;
   eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
   eo.state_budget_bytes = size_t(a.state_mib * 1024 * 1024);
@@ -125,7 +126,7 @@ void run(ServeArgs& a) {
     if (p.filename().empty()) p = p.parent_path();
     a.server.served_model_name = p.filename().string();
   }
-  a.server.chat_format = chat::parse_chat_format(a.chat_format);
+  if (!a.chat_format.empty()) a.server.chat_format = chat::parse_chat_format(a.chat_format);
   if (a.server.api_key.empty())
     if (const char* k = std::getenv("DEEPINFER_API_KEY")) a.server.api_key = k;
   a.server.http.max_inflight_body_bytes = size_t(a.inflight_body_mib * 1024 * 1024);
@@ -195,8 +196,8 @@ void add_serve(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--served-model-name", a->server.served_model_name, "Model id clients use (default: the directory name)");
   c->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: MODEL_DIR/tokenizer.json)");
-  c->add_option("--chat-format", a->chat_format, "deepseek-v4.1, deepseek-v4, deepseek-v3, deepseek-v3.1, deepseek-r1")
-      ->capture_default_str();
+  c->add_option("--chat-format", a->chat_format,
+                 "deepseek-v4.1, deepseek-v4, deepseek-v3, deepseek-v3.1, deepseek-r1 (default: the model's own)");
   c->add_flag("--thinking", a->server.default_thinking, "Thinking mode when a request does not say");
   c->add_option("--default-max-tokens", a->server.default_max_tokens, "Chat max_tokens when the request gives none")
       ->capture_default_str();

@@ -52,7 +52,7 @@ void Server::start() {
       ctx->engine = std::move(lm.engine);
       ctx->model = std::move(lm.model);
       ctx->model.served_name = opt_.served_model_name;
-      ctx->model.chat_format = opt_.chat_format;
+      if (opt_.chat_format) ctx->model.chat_format = *opt_.chat_format;
       ctx->model.default_thinking = opt_.default_thinking;
       ctx->model.default_max_tokens = opt_.default_max_tokens;
       ctx->model.max_n = opt_.max_n;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -22,7 +23,7 @@ struct ServerOptions {
   HttpOptions http;
   std::string api_key;             // "" = no authentication
   std::string served_model_name;   // the `model` clients must name
-  chat::ChatFormat chat_format = chat::ChatFormat::DeepSeekV41;
+  std::optional<chat::ChatFormat> chat_format;  // unset: the loaded model's own format
   bool default_thinking = false;
   int default_max_tokens = 1024;
   int max_n = 16;
