@@ -243,12 +243,10 @@ void pack_fp4(const uint8_t* w, int64_t K, int64_t n0, int nvalid, int64_t kb0, 
 // FP8: per panel of 32 output columns, K block and K pair j, one 64-byte chunk laid out so that
 // the table conversion's unpacklo/unpackhi land directly in the microkernel's [pair][column]
 // order: byte 16L + 2q + e is column 4L + q, byte 16L + 8 + 2q + e column 16 + 4L + q (lane L,
-// element e of the pair). FP4: per two pairs one 64-byte chunk in the FP8 pair's byte order,
-// the even pair in the low nibbles and the odd pair in the high ones, so a conversion is an
-// and (or a shift and an and) and two in-lane byte lookups, where the pair-per-byte layout it
-// replaced needed a widening load, a shift, an or and vpermw, whose throughput bounded the FP4
-// kernels. After all weights, 32 scale
-// bytes per (panel, block) in column order. Rows past `out` are zero.
+// element e of the pair). FP4: pairs 2j and 2j + 1 share one 64-byte chunk, one 16-bit word per
+// column and pair element holding the four nibbles it needs (layout at cvt_pair_fp4), so a
+// conversion is at most two shifts and one word lookup per vector, with no byte-to-word expansion.
+// After all weights, 32 scale bytes per (panel, block) in column order. Rows past `out` are zero.
 inline int64_t n_panels(int64_t out) { return (out + kPanel - 1) / kPanel; }
 constexpr int64_t kFp8PairBytes = 64;  // per panel and K pair
 constexpr int64_t kFp8BlockBytes = 16 * kFp8PairBytes, kFp4BlockBytes = 8 * 64;  // per panel and K block
