@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include "model/v3/tiny_generator.h"
 #include "model/v41/tiny_generator.h"
@@ -10,8 +11,10 @@ namespace di {
 
 namespace {
 
-GeneratedModel generate_v41(const GenerateOptions& o, const std::string& out_dir) {
-  v41::TinyOptions t;
+// Every architecture's generator takes the same options and reports the same figures.
+template <class TinyOptions>
+TinyOptions tiny_options(const GenerateOptions& o) {
+  TinyOptions t;
   t.size = o.size;
   t.seed = o.seed;
   t.tokenizer_path = o.tokenizer_path;
@@ -19,13 +22,13 @@ GeneratedModel generate_v41(const GenerateOptions& o, const std::string& out_dir
   t.shard_bytes = o.shard_bytes;
   t.force = o.force;
   t.progress = o.progress;
-  const v41::TinyResult r = v41::make_tiny_checkpoint(t, out_dir);
-  const auto& c = r.config;
+  return t;
+}
+
+template <class TinyResult>
+GeneratedModel generated(const TinyResult& r, std::string summary) {
   GeneratedModel g;
-  g.summary = "DeepSeek-V4.1: dim " + std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers + " +
-              std::to_string(c.n_mtp_layers) + " DSpark stages, " + std::to_string(c.n_routed_experts) +
-              " routed experts (" + std::to_string(c.n_activated_experts) + " active), head_dim " +
-              std::to_string(c.head_dim) + ", window " + std::to_string(c.window_size);
+  g.summary = std::move(summary);
   g.n_params = r.n_params;
   g.tensor_bytes = r.tensor_bytes;
   g.file_bytes = r.file_bytes;
@@ -35,29 +38,22 @@ GeneratedModel generate_v41(const GenerateOptions& o, const std::string& out_dir
   return g;
 }
 
-GeneratedModel generate_v3(const GenerateOptions& o, const std::string& out_dir) {
-  v3::TinyOptions t;
-  t.size = o.size;
-  t.seed = o.seed;
-  t.tokenizer_path = o.tokenizer_path;
-  t.threads = o.threads;
-  t.shard_bytes = o.shard_bytes;
-  t.force = o.force;
-  t.progress = o.progress;
-  const v3::TinyResult r = v3::make_tiny_checkpoint(t, out_dir);
+GeneratedModel generate_v41(const GenerateOptions& o, const std::string& out_dir) {
+  const v41::TinyResult r = v41::make_tiny_checkpoint(tiny_options<v41::TinyOptions>(o), out_dir);
   const auto& c = r.config;
-  GeneratedModel g;
-  g.summary = "DeepSeek-V3: dim " + std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers (" +
+  return generated(r, "DeepSeek-V4.1: dim " + std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers + " +
+              std::to_string(c.n_mtp_layers) + " DSpark stages, " + std::to_string(c.n_routed_experts) +
+              " routed experts (" + std::to_string(c.n_activated_experts) + " active), head_dim " +
+              std::to_string(c.head_dim) + ", window " + std::to_string(c.window_size));
+}
+
+GeneratedModel generate_v3(const GenerateOptions& o, const std::string& out_dir) {
+  const v3::TinyResult r = v3::make_tiny_checkpoint(tiny_options<v3::TinyOptions>(o), out_dir);
+  const auto& c = r.config;
+  return generated(r, "DeepSeek-V3: dim " + std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers (" +
               std::to_string(c.n_dense_layers) + " dense) + " + std::to_string(c.n_mtp_layers) + " MTP, " +
               std::to_string(c.n_routed_experts) + " routed experts (" + std::to_string(c.n_activated_experts) +
-              " active), " + std::to_string(c.n_heads) + " heads, kv_lora " + std::to_string(c.kv_lora_rank);
-  g.n_params = r.n_params;
-  g.tensor_bytes = r.tensor_bytes;
-  g.file_bytes = r.file_bytes;
-  g.n_tensors = r.n_tensors;
-  g.n_shards = r.n_shards;
-  g.seconds = r.seconds;
-  return g;
+              " active), " + std::to_string(c.n_heads) + " heads, kv_lora " + std::to_string(c.kv_lora_rank));
 }
 
 struct Generator {

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,15 @@ class Workspace {
  public:
   virtual ~Workspace() = default;
 };
+
+// The model's own type behind an interface object it is handed (its SequenceState or Workspace);
+// one made by another model is a caller error.
+template <class Own, class Base>
+Own& own_object(Base& b) {
+  auto* o = dynamic_cast<Own*>(&b);
+  if (!o) throw std::invalid_argument("forward: a sequence state or workspace of another model");
+  return *o;
+}
 
 // One sequence's part of a batched step: a prefill chunk, one decode token, or several tokens to
 // verify.

@@ -28,6 +28,24 @@ bool isa_supported(Isa);
 void set_default_pool(ThreadPool*);
 ThreadPool* default_pool();
 
+// Installs `pool` (when not null) as the calling thread's default pool for its lifetime: a model's
+// own pool while one of its forward calls runs.
+class ScopedDefaultPool {
+ public:
+  explicit ScopedDefaultPool(ThreadPool* pool) : set_(pool != nullptr), previous_(default_pool()) {
+    if (set_) set_default_pool(pool);
+  }
+  ~ScopedDefaultPool() {
+    if (set_) set_default_pool(previous_);
+  }
+  ScopedDefaultPool(const ScopedDefaultPool&) = delete;
+  ScopedDefaultPool& operator=(const ScopedDefaultPool&) = delete;
+
+ private:
+  bool set_;
+  ThreadPool* previous_;
+};
+
 // Same contracts as the ref:: functions; `pool` (null: default_pool()) splits the output columns.
 // Results do not depend on the pool, on m (rows are independent) or on how rows are batched.
 void linear_fp8(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool = nullptr);

@@ -215,33 +215,8 @@ std::unique_ptr<di::SequenceState> Model::new_state(const StateOptions& o) const
 }
 
 namespace {
-// The model's own pool for the kernels while a forward call runs on this thread.
-class PoolScope {
- public:
-  explicit PoolScope(ThreadPool* pool) : set_(pool != nullptr), previous_(kern::default_pool()) {
-    if (set_) kern::set_default_pool(pool);
-  }
-  ~PoolScope() {
-    if (set_) kern::set_default_pool(previous_);
-  }
-  PoolScope(const PoolScope&) = delete;
-  PoolScope& operator=(const PoolScope&) = delete;
-
- private:
-  bool set_;
-  ThreadPool* previous_;
-};
-
-SequenceState& own_state(di::SequenceState* s) {
-  auto* st = dynamic_cast<SequenceState*>(s);
-  if (!st) throw std::invalid_argument("forward: a sequence state of another model");
-  return *st;
-}
-Workspace& own_workspace(di::Workspace& ws) {
-  auto* w = dynamic_cast<Workspace*>(&ws);
-  if (!w) throw std::invalid_argument("forward: a workspace of another model");
-  return *w;
-}
+SequenceState& own_state(di::SequenceState* s) { return own_object<SequenceState>(*s); }
+Workspace& own_workspace(di::Workspace& ws) { return own_object<Workspace>(ws); }
 }  // namespace
 
 void Model::forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) const {
@@ -916,7 +891,7 @@ void Model::run_layers(Ctx& c, std::span<const std::span<const int32_t>> tokens)
 }
 
 void Model::rebuild_windows(SequenceState& st, Workspace& ws) const {
-  PoolScope pool_scope(pool_.get());
+  kern::ScopedDefaultPool pool_scope(pool_.get());
   const int64_t n = st.pos();
   if (n == 0) return;
   const int64_t s0 = std::max<int64_t>(0, n - replay_tokens());
@@ -939,7 +914,7 @@ void Model::forward(SequenceState& st, std::span<const int32_t> tokens, std::vec
 }
 
 void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts, Workspace& ws) const {
-  PoolScope pool_scope(pool_.get());
+  kern::ScopedDefaultPool pool_scope(pool_.get());
   const auto& cf = cfg_;
   // Validate everything before any state changes.
   if (items.empty()) throw std::invalid_argument("forward: empty batch");
