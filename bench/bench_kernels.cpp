@@ -8,11 +8,13 @@
 #include <immintrin.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtypes.h"
@@ -158,9 +160,10 @@ std::vector<float> activations(int64_t n) {
 }
 
 
-enum class Kind { Fp8, Fp4, Fp8Packed, Fp4Packed, Logits, Fp8Dequant };
+// Fp8Bf16Packed: the fast numerics' wo_a (bf16 activations, no activation quantization).
+enum class Kind { Fp8, Fp4, Fp8Packed, Fp4Packed, Logits, Fp8Dequant, Fp8Bf16Packed };
 constexpr bool is_fp4(Kind k) { return k == Kind::Fp4 || k == Kind::Fp4Packed; }
-constexpr bool is_packed(Kind k) { return k == Kind::Fp8Packed || k == Kind::Fp4Packed; }
+constexpr bool is_packed(Kind k) { return k == Kind::Fp8Packed || k == Kind::Fp4Packed || k == Kind::Fp8Bf16Packed; }
 
 template <Kind kind>
 void BM_linear(benchmark::State& state) {
@@ -206,6 +209,7 @@ void BM_linear(benchmark::State& state) {
       case Kind::Fp8: case Kind::Fp8Packed: kern::linear_fp8(x.data(), m, {w, sc, N, K, packed, layout}, y.data(), pool); break;
       case Kind::Fp4: case Kind::Fp4Packed: kern::linear_fp4(x.data(), m, {w, sc, N, K, packed, layout}, y.data(), pool); break;
       case Kind::Fp8Dequant: kern::linear_fp8_dequant(x.data(), m, {w, sc, N, K}, y.data(), pool); break;
+      case Kind::Fp8Bf16Packed: kern::fast::linear_fp8_bf16(x.data(), m, {w, sc, N, K, packed, layout}, y.data(), pool); break;
       case Kind::Logits: kern::linear_bf16_logits(x.data(), m, {g_bf16_arena + i * size_t(N * K), N, K}, y.data(), pool); break;
     }
     benchmark::ClobberMemory();
@@ -241,6 +245,7 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
 void prefill_shapes(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2}) b->Args({512, 2304, 5120, threads});
   b->Args({512, 5120, 2304, 2});
+  b->Args({512, 512, 2048, 2});
 }
 
 // The head (vocab x dim) and wo_a (one output group: 512 rows over 2048 inputs) of the medium
@@ -255,6 +260,34 @@ void wo_a_shapes(benchmark::internal::Benchmark* b) {
   b->Args({512, 512, 2048, 2});
 }
 
+// One query row's sparse attention (one thread): heads x rows of bf16-valued q and kv (d = 512),
+// the fast or exact numerics' kernel. FLOPs: scores and P.V, 4 x heads x rows x d.
+void BM_sparse_attention(benchmark::State& state) {
+  const int H = int(state.range(0)), d = 512;
+  const int64_t n = state.range(1);
+  const bool fast = state.range(2) != 0;
+  std::mt19937 g(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(static_cast<size_t>(H) * d), kv(static_cast<size_t>(n) * d), sink(static_cast<size_t>(H)),
+      out(static_cast<size_t>(H) * d);
+  for (auto& v : q) v = round_bf16(nd(g));
+  for (auto& v : kv) v = round_bf16(nd(g));
+  for (auto& v : sink) v = nd(g);
+  std::vector<const float*> rows(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) rows[size_t(j)] = kv.data() + size_t(j) * d;
+  const float scale = 1.f / std::sqrt(float(d));
+  for (auto _ : state) {
+    if (fast) kern::fast::sparse_attention(q.data(), H, d, rows.data(), n, sink.data(), scale, out.data());
+    else kern::sparse_attention(q.data(), H, d, rows.data(), n, sink.data(), scale, out.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 4.0 * H * double(n) * d;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  if (g_bf16_peak[1] > 0)
+    state.counters["of_bf16_peak"] = benchmark::Counter(flops / (g_bf16_peak[1] * 1e9), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(kern::isa_name(kern::active_isa())) + (fast ? " fast" : " exact"));
+}
+
 }  // namespace
 
 BENCHMARK(BM_linear<Kind::Fp8>)->Name("linear_fp8")->Apply(decode_shapes)->UseRealTime()->MinTime(0.5);
@@ -267,6 +300,8 @@ BENCHMARK(BM_linear<Kind::Fp4>)->Name("linear_fp4")->Apply(prefill_shapes)->UseR
 BENCHMARK(BM_linear<Kind::Fp4Packed>)->Name("linear_fp4_packed")->Apply(prefill_shapes)->UseRealTime()->Iterations(2);
 BENCHMARK(BM_linear<Kind::Logits>)->Name("linear_bf16_logits")->Apply(head_shapes)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_linear<Kind::Fp8Dequant>)->Name("linear_fp8_dequant")->Apply(wo_a_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_linear<Kind::Fp8Bf16Packed>)->Name("linear_fp8_bf16_packed")->Apply(wo_a_shapes)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_sparse_attention)->Name("sparse_attention")->ArgsProduct({{8, 16, 64}, {128, 384, 640}, {1, 0}})->MinTime(0.3);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);

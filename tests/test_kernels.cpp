@@ -1287,7 +1287,8 @@ TEST(KernelsFast, SparseAttention) {
   };
   int64_t differ_from_exact = 0, total = 0;
   for (const A& a : {A{1, 8, 1, 0}, A{3, 13, 5, 0}, A{8, 64, 64, 0}, A{9, 32, 65, 0}, A{16, 128, 130, 0}, A{4, 512, 200, 0},
-                     A{2, 16, 0, 0}, A{16, 512, 640, 1}, A{5, 48, 300, 1}, A{3, 32, 130, 2}, A{4, 64, 200, 3}, A{6, 96, 150, 0}}) {
+                     A{2, 16, 0, 0}, A{16, 512, 640, 1}, A{5, 48, 300, 1}, A{3, 32, 130, 2}, A{4, 64, 200, 3}, A{6, 96, 150, 0},
+                     A{8, 512, 201, 1}, A{16, 512, 383, 0}, A{64, 512, 129, 3}, A{17, 96, 63, 0}, A{2, 32, 1, 0}, A{12, 64, 0, 0}}) {
     const auto q = random_floats(g, int64_t(a.h) * a.d, true);
     std::vector<std::vector<float>> store;
     std::vector<const float*> rows(size_t(a.rows));

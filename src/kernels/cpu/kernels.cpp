@@ -284,7 +284,9 @@ void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, Th
 }
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out) {
-  if (current() != Isa::Scalar && d % 16 == 0)
+  if (current() == Isa::Avx512 && d % 32 == 0)
+    return avx512::sparse_attention_fast(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+  if (current() == Isa::Avx2 && d % 32 == 0)
     return avx2::sparse_attention_fast(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
   ref::fast::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
 }

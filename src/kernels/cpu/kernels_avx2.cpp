@@ -1182,47 +1182,71 @@ float rms_scale_fast(const float* x, int64_t n, float eps) {
   return 1.0f / std::sqrt(reduce16(a0, a1) / float(n) + eps);
 }
 
-// ref::fast::sparse_attention: scores of all heads first (fma lanes, 4 heads per kv load), then per
-// chunk and head the recurrence (libm expf, fp32 probability sum in entry order), and P.V by FMAs
-// in entry order over 16 channels x 4 heads at a time. Only live rows are scored; a chunk with
-// none is skipped (its probabilities are 0 and its rescale exp(0) = 1: an exact no-op).
+// ref::fast::sparse_attention. Pair steps are FMAs under DAZ/FTZ on operands split into odd and
+// even halves per 32-wide chunk (lane l: element 2l + 1, then 2l); the halving trees, the rescaling
+// and libm's expf run outside that scope, as the contract's plain fp32 steps.
 void sparse_attention_fast(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                            const float* attn_sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;
   constexpr int HG = 4;
   const int H = n_heads, HP = (H + HG - 1) / HG * HG;
-  thread_local std::vector<float> qs, scores, accs;
-  if (qs.size() < size_t(HP) * d) qs.resize(size_t(HP) * d);
-  if (scores.size() < size_t(HP) * n_rows) scores.resize(size_t(HP) * n_rows);
-  if (accs.size() < size_t(HP) * d) accs.resize(size_t(HP) * d);
-  float* qp = qs.data();
-  std::copy(q, q + size_t(H) * d, qp);
-  std::fill(qp + size_t(H) * d, qp + size_t(HP) * d, 0.f);
-  float* sc = scores.data();  // [head][row]
+  thread_local std::vector<float> qs, rows_b, split, lanes, scores, accs, parts;
+  auto grow = [](std::vector<float>& v, size_t n) -> float* {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  };
+  // q and the rows rounded to bf16; q split per 32-chunk into [odd 16][even 16].
+  float* qp = grow(qs, size_t(HP) * d);
+  for (int h = 0; h < HP; ++h)
+    for (int c = 0; c < d; c += 32)
+      for (int l = 0; l < 16; ++l) {
+        qp[size_t(h) * d + c + l] = h < H ? round_bf16(q[size_t(h) * d + c + 2 * l + 1]) : 0.f;
+        qp[size_t(h) * d + c + 16 + l] = h < H ? round_bf16(q[size_t(h) * d + c + 2 * l]) : 0.f;
+      }
+  float* rb = grow(rows_b, size_t(n_rows + 1) * d);  // natural order; one zero row past the end
+  float* sp = grow(split, size_t(d));
+  float* ln = grow(lanes, size_t(HP) * 16);
+  float* sc = grow(scores, size_t(HP) * n_rows);  // [head][row]
+  std::fill(rb + size_t(n_rows) * d, rb + size_t(n_rows + 1) * d, 0.f);
   for (int64_t j = 0; j < n_rows; ++j) {
+    float* r = rb + size_t(j) * d;
     const float* kv = kv_rows[j];
     if (!kv) {
+      std::fill(r, r + d, 0.f);
       for (int h = 0; h < HP; ++h) sc[size_t(h) * n_rows + j] = -INFINITY;
       continue;
     }
-    for (int h0 = 0; h0 < HP; h0 += HG) {
-      __m256 a[HG][2];
+    for (int i = 0; i < d; ++i) r[i] = round_bf16(kv[i]);
+    for (int c = 0; c < d; c += 32)
+      for (int l = 0; l < 16; ++l) sp[c + l] = r[c + 2 * l + 1], sp[c + 16 + l] = r[c + 2 * l];
+    {
+      const DenormalsAsVdpbf16ps daz;
+      for (int h0 = 0; h0 < HP; h0 += HG) {
+        __m256 a[HG][2];
 #pragma GCC unroll 4
-      for (int h = 0; h < HG; ++h) a[h][0] = a[h][1] = _mm256_setzero_ps();
-      for (int i = 0; i < d; i += 16) {
-        const __m256 k0 = _mm256_loadu_ps(kv + i), k1 = _mm256_loadu_ps(kv + i + 8);
+        for (int h = 0; h < HG; ++h) a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 32)
+#pragma GCC unroll 2
+          for (int half = 0; half < 2; ++half) {  // odd halves, then even
+            const __m256 k0 = _mm256_loadu_ps(sp + c + 16 * half), k1 = _mm256_loadu_ps(sp + c + 16 * half + 8);
+#pragma GCC unroll 4
+            for (int h = 0; h < HG; ++h) {
+              const float* qh = qp + size_t(h0 + h) * d + c + 16 * half;
+              a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qh), k0, a[h][0]);
+              a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8), k1, a[h][1]);
+            }
+          }
 #pragma GCC unroll 4
         for (int h = 0; h < HG; ++h) {
-          const float* qh = qp + size_t(h0 + h) * d + i;
-          a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qh), k0, a[h][0]);
-          a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8), k1, a[h][1]);
+          _mm256_storeu_ps(ln + (h0 + h) * 16, a[h][0]);
+          _mm256_storeu_ps(ln + (h0 + h) * 16 + 8, a[h][1]);
         }
       }
-#pragma GCC unroll 4
-      for (int h = 0; h < HG; ++h) sc[size_t(h0 + h) * n_rows + j] = reduce16(a[h][0], a[h][1]) * softmax_scale;
     }
+    for (int h = 0; h < HP; ++h) sc[size_t(h) * n_rows + j] = ref::fast::halving_sum16(ln + h * 16) * softmax_scale;
   }
-  float* acc = accs.data();
+  float* acc = grow(accs, size_t(HP) * d);
+  float* part = grow(parts, size_t(HG) * d);
   std::fill(acc, acc + size_t(HP) * d, 0.f);
   float running_max[HG], denom[HG], rescale[HG];
   alignas(32) float pb[kChunk][HG];
@@ -1232,7 +1256,7 @@ void sparse_attention_fast(const float* q, int n_heads, int d, const float* cons
       const int64_t c1 = std::min(n_rows, c0 + kChunk);
       bool live = false;
       for (int64_t j = c0; j < c1 && !live; ++j) live = kv_rows[j] != nullptr;
-      if (!live) continue;
+      if (!live) continue;  // probabilities 0, rescale exp(0) = 1: an exact no-op
       for (int h = 0; h < HG; ++h) {
         const float* sh = sc + size_t(h0 + h) * n_rows;
         float chunk_max = -INFINITY;
@@ -1245,30 +1269,43 @@ void sparse_attention_fast(const float* q, int n_heads, int d, const float* cons
           psum += p;
           pb[j - c0][h] = round_bf16(p);
         }
+        if ((c1 - c0) & 1) pb[c1 - c0][h] = 0.f;
         denom[h] = denom[h] * rescale[h] + psum;
         running_max[h] = new_max;
       }
-      for (int i = 0; i < d; i += 16) {
-        __m256 part[HG][2];
+      std::fill(part, part + size_t(HG) * d, 0.f);
+      {
+        const DenormalsAsVdpbf16ps daz;
+        for (int i = 0; i < d; i += 16) {
+          __m256 pt[HG][2];
 #pragma GCC unroll 4
-        for (int h = 0; h < HG; ++h) part[h][0] = part[h][1] = _mm256_setzero_ps();
-        for (int64_t j = c0; j < c1; ++j) {
-          if (!kv_rows[j]) continue;
-          const __m256 k0 = _mm256_loadu_ps(kv_rows[j] + i), k1 = _mm256_loadu_ps(kv_rows[j] + i + 8);
+          for (int h = 0; h < HG; ++h) pt[h][0] = pt[h][1] = _mm256_setzero_ps();
+          for (int64_t j0 = c0; j0 < c1; j0 += 2) {
+            // The second row of the pair first; past the chunk's end: the zero row.
+            const float* r1 = rb + size_t(j0 + 1 < c1 ? j0 + 1 : n_rows) * d + i;
+            const float* r0 = rb + size_t(j0) * d + i;
+            const __m256 a0 = _mm256_loadu_ps(r1), a1 = _mm256_loadu_ps(r1 + 8);
+            const __m256 b0 = _mm256_loadu_ps(r0), b1 = _mm256_loadu_ps(r0 + 8);
+#pragma GCC unroll 4
+            for (int h = 0; h < HG; ++h) {
+              const __m256 p1 = _mm256_broadcast_ss(&pb[j0 + 1 - c0][h]), p0 = _mm256_broadcast_ss(&pb[j0 - c0][h]);
+              pt[h][0] = _mm256_fmadd_ps(p0, b0, _mm256_fmadd_ps(p1, a0, pt[h][0]));
+              pt[h][1] = _mm256_fmadd_ps(p0, b1, _mm256_fmadd_ps(p1, a1, pt[h][1]));
+            }
+          }
 #pragma GCC unroll 4
           for (int h = 0; h < HG; ++h) {
-            const __m256 p = _mm256_broadcast_ss(&pb[j - c0][h]);
-            part[h][0] = _mm256_fmadd_ps(p, k0, part[h][0]);
-            part[h][1] = _mm256_fmadd_ps(p, k1, part[h][1]);
+            _mm256_storeu_ps(part + size_t(h) * d + i, pt[h][0]);
+            _mm256_storeu_ps(part + size_t(h) * d + i + 8, pt[h][1]);
           }
         }
-#pragma GCC unroll 4
-        for (int h = 0; h < HG; ++h) {
-          float* ah = acc + size_t(h0 + h) * d + i;
-          const __m256 r = _mm256_set1_ps(rescale[h]);
-          _mm256_storeu_ps(ah, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ah), r), part[h][0]));
-          _mm256_storeu_ps(ah + 8, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ah + 8), r), part[h][1]));
-        }
+      }
+      for (int h = 0; h < HG; ++h) {
+        float* ah = acc + size_t(h0 + h) * d;
+        const float* ph = part + size_t(h) * d;
+        const __m256 r = _mm256_set1_ps(rescale[h]);
+        for (int i = 0; i < d; i += 8)
+          _mm256_storeu_ps(ah + i, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ah + i), r), _mm256_loadu_ps(ph + i)));
       }
     }
     for (int h = 0; h < HG && h0 + h < H; ++h) {

@@ -462,16 +462,25 @@ inline __m256 expf_libm_8(__m256 x) {
   return _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_fmadd_pd(z, _mm512_mul_pd(r, r), y), s));
 }
 
+// std::exp of 16 floats.
+inline __m512 expf_libm_ps(__m512 v) {
+  __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(expf_libm_8(_mm512_castps512_ps256(v))),
+                                expf_libm_8(_mm512_extractf32x8_ps(v, 1)), 1);
+  const __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20), _mm512_set1_epi32(0x7ff));
+  if (const unsigned special = _mm512_cmpgt_epu32_mask(top, _mm512_set1_epi32(0x42a))) {
+    alignas(64) float x[16], out[16];
+    _mm512_store_ps(x, v);
+    _mm512_store_ps(out, e);
+    for (unsigned s = special; s; s &= s - 1) out[__builtin_ctz(s)] = std::exp(x[__builtin_ctz(s)]);
+    e = _mm512_load_ps(out);
+  }
+  return e;
+}
+
 // std::exp of n floats (n <= 16) from x into out.
 inline void expf_libm(const float* x, int n, float* out) {
   const __mmask16 k = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-  const __m512 v = _mm512_maskz_loadu_ps(k, x);
-  const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(expf_libm_8(_mm512_castps512_ps256(v))),
-                                      expf_libm_8(_mm512_extractf32x8_ps(v, 1)), 1);
-  _mm512_mask_storeu_ps(out, k, e);
-  const __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20), _mm512_set1_epi32(0x7ff));
-  for (unsigned special = _mm512_mask_cmpgt_epu32_mask(k, top, _mm512_set1_epi32(0x42a)); special; special &= special - 1)
-    out[__builtin_ctz(special)] = std::exp(x[__builtin_ctz(special)]);
+  _mm512_mask_storeu_ps(out, k, expf_libm_ps(_mm512_maskz_loadu_ps(k, x)));
 }
 
 struct ActScratch {
@@ -494,16 +503,45 @@ void quantize_rows(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPo
 }
 
 // The fast wo_a's activations (ref::fast::scale_act_bf16): scaled bf16 values, as bf16 bits.
-void scale_rows_bf16(const float* x, int64_t m, int64_t K, ActScratch& s) {
-  const int64_t nkb = K / 32;
+void scale_rows_bf16(const float* x, int64_t m, int64_t K, ActScratch& s, ThreadPool* pool) {
+  const int64_t nkb = (K + 31) / 32;
   if (int64_t(s.xq.size()) < m * K) s.xq.resize(size_t(m * K));
   if (int64_t(s.sa.size()) < m * nkb) s.sa.resize(size_t(m * nkb));
-  thread_local std::vector<float> row;
-  row.resize(size_t(K));
-  for (int64_t r = 0; r < m; ++r) {
-    ref::fast::scale_act_bf16(x + r * K, K, row.data(), s.sa.data() + r * nkb);
-    for (int64_t k = 0; k < K; ++k) s.xq[size_t(r * K + k)] = uint16_t(f32_bits(row[size_t(k)]) >> 16);
+  uint16_t* xq = s.xq.data();
+  float* sa = s.sa.data();
+  if (K % 32) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(K));
+    for (int64_t r = 0; r < m; ++r) {
+      ref::fast::scale_act_bf16(x + r * K, K, row.data(), sa + r * nkb);
+      for (int64_t k = 0; k < K; ++k) xq[size_t(r * K + k)] = uint16_t(f32_bits(row[size_t(k)]) >> 16);
+    }
+    return;
   }
+  const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  auto body = [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const float* xb = x + r * K + kb * 32;
+        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        // std::max(amax, |x|) ignores a NaN |x|; max_ps returns its second operand when one is NaN.
+        __m512 mx = _mm512_max_ps(_mm512_and_ps(v0, absm), _mm512_set1_ps(1e-4f));
+        mx = _mm512_max_ps(_mm512_and_ps(v1, absm), mx);
+        const float sc = pow2_ceil_bits(_mm512_reduce_max_ps(mx) * (1.0f / 448.0f));
+        sa[r * nkb + kb] = sc;
+        __m256i half[2];
+        const __m512 vs[2] = {v0, v1};
+        for (int h = 0; h < 2; ++h) {
+          __m512 q = _mm512_div_ps(round_bf16_ps(vs[h]), _mm512_set1_ps(sc));  // exact: sc is a power of two
+          const __mmask16 tiny = _mm512_cmp_ps_mask(_mm512_and_ps(q, absm), _mm512_set1_ps(0x1p-100f), _CMP_LT_OQ);
+          q = _mm512_mask_mov_ps(q, tiny, _mm512_andnot_ps(absm, q));  // +-0, as std::copysign
+          half[h] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(q), 16));
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + r * K + kb * 32), half[0]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + r * K + kb * 32 + 16), half[1]);
+      }
+  };
+  run(m >= 16 ? pool : nullptr, m, 1, body);
 }
 
 // Stores one panel's 32 totals (t0: columns 0-15, t1: 16-31) of which `nvalid` are real columns,
@@ -570,7 +608,7 @@ template <class Pack, class Scales, class Fused>
 void linear_q(const float* x, int64_t m, int64_t K, int64_t N, Pack pack, Scales scales, Fused fused, float* y,
               ThreadPool* pool, bool bf16_act = false) {
   thread_local ActScratch act;
-  if (bf16_act) scale_rows_bf16(x, m, K, act);
+  if (bf16_act) scale_rows_bf16(x, m, K, act, pool);
   else quantize_rows(x, m, K, act, pool);
   const uint16_t* xq = act.xq.data();
   const float* sa = act.sa.data();
@@ -2543,6 +2581,179 @@ void swiglu(float* g, const float* u, int64_t m, int64_t n, float limit, const f
       if (weight) h = _mm512_mul_ps(_mm512_set1_ps(weight[r]), h);
       _mm512_mask_storeu_ps(gp, k, round_bf16_ps(h));
     }
+}
+
+namespace {
+// 16 vectors -> their ref::fast::halving_sum16 sums in one vector, by the same adds done across
+// vectors: lane 4r + hh holds the sum of v[4hh + r].
+inline __m512 halving_sums16(const __m512* v) {
+  __m512 w[8], x[4], z[2];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k)  // v8 of v[2k] | v8 of v[2k + 1]
+    w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m)  // 128-bit lane L: v4 of v[4m + L]
+    x[m] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0x88), _mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0xDD));
+#pragma GCC unroll 2
+  for (int n = 0; n < 2; ++n)  // lane L: v2 of v[8n + L], v2 of v[8n + 4 + L]
+    z[n] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * n], x[2 * n + 1], 0x44), _mm512_shuffle_ps(x[2 * n], x[2 * n + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+}
+
+// Scores of 4 heads (qb: bf16 rows, stride d) x 4 kv rows (bf16) in pair lanes, x scale, stored as
+// out[r * ld + hh].
+inline void score_tile_pairs(const uint16_t* qb, int d, const uint16_t* const* kr, float scale, float* out, int64_t ld) {
+  __m512 v[16];
+#pragma GCC unroll 16
+  for (int a = 0; a < 16; ++a) v[a] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 32) {
+    __m512bh k[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) k[r] = (__m512bh)_mm512_loadu_si512(kr[r] + c);
+#pragma GCC unroll 4
+    for (int hh = 0; hh < 4; ++hh) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(qb + size_t(hh) * d + c);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) v[4 * hh + r] = _mm512_dpbf16_ps(v[4 * hh + r], qv, k[r]);
+    }
+  }
+  const __m512 s = _mm512_mul_ps(halving_sums16(v), _mm512_set1_ps(scale));
+  _mm_storeu_ps(out, _mm512_castps512_ps128(s));
+  _mm_storeu_ps(out + ld, _mm512_extractf32x4_ps(s, 1));
+  _mm_storeu_ps(out + 2 * ld, _mm512_extractf32x4_ps(s, 2));
+  _mm_storeu_ps(out + 3 * ld, _mm512_extractf32x4_ps(s, 3));
+}
+
+// P.V of one chunk for 4 heads x NC 16-channel vectors: pp = [pair][head] bf16 probability pairs
+// (stride kp), vt = [pair][channel] bf16 row pairs; then acc = acc x rescale + part per head.
+template <int NC>
+inline void pv_tile_pairs(const uint32_t* pp, int64_t kp, int np, const uint32_t* vt, int d, int c, const float* rescale,
+                          float* acc) {
+  __m512 a[4][NC];
+#pragma GCC unroll 4
+  for (int hh = 0; hh < 4; ++hh)
+#pragma GCC unroll 4
+    for (int n = 0; n < NC; ++n) a[hh][n] = _mm512_setzero_ps();
+  for (int t = 0; t < np; ++t) {
+    __m512bh v[NC];
+#pragma GCC unroll 4
+    for (int n = 0; n < NC; ++n) v[n] = (__m512bh)_mm512_loadu_si512(vt + size_t(t) * d + c + 16 * n);
+#pragma GCC unroll 4
+    for (int hh = 0; hh < 4; ++hh) {
+      const __m512bh p = (__m512bh)_mm512_set1_epi32(int(pp[t * kp + hh]));
+#pragma GCC unroll 4
+      for (int n = 0; n < NC; ++n) a[hh][n] = _mm512_dpbf16_ps(a[hh][n], p, v[n]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int hh = 0; hh < 4; ++hh) {
+    const __m512 rs = _mm512_set1_ps(rescale[hh]);
+#pragma GCC unroll 4
+    for (int n = 0; n < NC; ++n) {
+      float* ah = acc + size_t(hh) * d + c + 16 * n;
+      _mm512_storeu_ps(ah, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(ah), rs), a[hh][n]));
+    }
+  }
+}
+
+inline void to_bf16_row(const float* x, int d, uint16_t* y) {
+  for (int i = 0; i < d; i += 32)
+    _mm512_storeu_si512(y + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
+}
+}  // namespace
+
+// ref::fast::sparse_attention (d % 32 == 0). q and the rows in bf16; scores by 4 x 4 tiles of
+// vdpbf16ps chains; the recurrence with the heads across the lanes (sequential per head, as the
+// contract); P.V by vdpbf16ps over row pairs interleaved once per chunk, 4 heads x 64 channels
+// per tile, so each pair vector feeds 4 heads and each probability pair 4 vectors.
+void sparse_attention_fast(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                           const float* attn_sink, float softmax_scale, float* out) {
+  constexpr int kChunk = 64, kPairs = kChunk / 2;
+  const int H = n_heads, HP = (H + 3) / 4 * 4, HV = (H + 15) / 16 * 16;
+  const int64_t n4 = (n_rows + 3) / 4 * 4;
+  thread_local std::vector<uint16_t> qb, kb;
+  thread_local std::vector<uint32_t> pp, vt;  // [pair][head], [pair][channel]
+  thread_local std::vector<float> sc, acc, state;
+  qb.assign(size_t(HP) * d, 0);
+  for (int h = 0; h < H; ++h) to_bf16_row(q + size_t(h) * d, d, qb.data() + size_t(h) * d);
+  // Rows n_rows .. n4 (tile padding) and null rows are zeros; row n_rows is the pairs' zero row.
+  kb.resize(size_t(n4 + 1) * d);
+  for (int64_t j = 0; j <= n4; ++j) {
+    uint16_t* r = kb.data() + size_t(j) * d;
+    if (j < n_rows && kv_rows[j]) to_bf16_row(kv_rows[j], d, r);
+    else std::memset(r, 0, size_t(d) * 2);
+  }
+  auto krow = [&](int64_t j) { return kb.data() + size_t(j) * d; };
+  sc.resize(size_t(n4) * HV);
+  for (int64_t j0 = 0; j0 < n4; j0 += 4) {
+    const uint16_t* kr[4] = {krow(j0), krow(j0 + 1), krow(j0 + 2), krow(j0 + 3)};
+    for (int h0 = 0; h0 < HP; h0 += 4)
+      score_tile_pairs(qb.data() + size_t(h0) * d, d, kr, softmax_scale, sc.data() + size_t(j0) * HV + h0, HV);
+    if (HP < HV)
+      for (int64_t j = j0; j < j0 + 4; ++j) std::fill(sc.begin() + j * HV + HP, sc.begin() + (j + 1) * HV, 0.f);
+  }
+  acc.assign(size_t(HP) * d, 0.f);
+  state.resize(size_t(3) * HV);
+  float *rmax = state.data(), *denom = rmax + HV, *rescale = denom + HV;
+  std::fill(rmax, rmax + HV, -1e30f);
+  std::fill(denom, denom + HV, 0.f);
+  pp.resize(size_t(kPairs) * HV);
+  vt.resize(size_t(kPairs) * d);
+  static const __m512i kLo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                               37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  static const __m512i kHi = _mm512_add_epi16(kLo, _mm512_set1_epi16(16));
+  for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
+    const int L = int(std::min<int64_t>(n_rows - c0, kChunk)), np = (L + 1) / 2;
+    bool live = false;
+    for (int l = 0; l < L && !live; ++l) live = kv_rows[c0 + l] != nullptr;
+    if (!live) continue;  // probabilities 0, rescale exp(0) = 1: an exact no-op
+    for (int g = 0; g < HV; g += 16) {
+      const __m512 rm = _mm512_loadu_ps(rmax + g);
+      __m512 cm = _mm512_set1_ps(-INFINITY);
+      for (int l = 0; l < L; ++l)
+        if (kv_rows[c0 + l]) cm = _mm512_max_ps(cm, _mm512_loadu_ps(sc.data() + size_t(c0 + l) * HV + g));
+      const __m512 nm = _mm512_max_ps(rm, cm);
+      const __m512 rs = expf_libm_ps(_mm512_sub_ps(rm, nm));
+      __m512 psum = _mm512_setzero_ps();
+      __m512i even = _mm512_setzero_si512();
+      for (int l = 0; l < L; ++l) {
+        const __m512 p = kv_rows[c0 + l] ? expf_libm_ps(_mm512_sub_ps(_mm512_loadu_ps(sc.data() + size_t(c0 + l) * HV + g), nm))
+                                         : _mm512_setzero_ps();
+        psum = _mm512_add_ps(psum, p);
+        const __m512i b = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p));
+        if (l & 1) _mm512_storeu_si512(pp.data() + size_t(l / 2) * HV + g, _mm512_or_si512(even, _mm512_slli_epi32(b, 16)));
+        else even = b;
+      }
+      if (L & 1) _mm512_storeu_si512(pp.data() + size_t(L / 2) * HV + g, even);  // the pair's second: 0
+      _mm512_storeu_ps(denom + g, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(denom + g), rs), psum));
+      _mm512_storeu_ps(rmax + g, nm);
+      _mm512_storeu_ps(rescale + g, rs);
+    }
+    for (int t = 0; t < np; ++t) {
+      const uint16_t* a = krow(c0 + 2 * t);
+      const uint16_t* b = krow(2 * t + 1 < L ? c0 + 2 * t + 1 : n_rows);
+      uint32_t* o = vt.data() + size_t(t) * d;
+      for (int i = 0; i < d; i += 32) {
+        const __m512i va = _mm512_loadu_si512(a + i), vb = _mm512_loadu_si512(b + i);
+        _mm512_storeu_si512(o + i, _mm512_permutex2var_epi16(va, kLo, vb));
+        _mm512_storeu_si512(o + i + 16, _mm512_permutex2var_epi16(va, kHi, vb));
+      }
+    }
+    int c = 0;
+    for (; c + 64 <= d; c += 64)
+      for (int h0 = 0; h0 < HP; h0 += 4)
+        pv_tile_pairs<4>(pp.data() + h0, HV, np, vt.data(), d, c, rescale + h0, acc.data() + size_t(h0) * d);
+    for (; c < d; c += 32)
+      for (int h0 = 0; h0 < HP; h0 += 4)
+        pv_tile_pairs<2>(pp.data() + h0, HV, np, vt.data(), d, c, rescale + h0, acc.data() + size_t(h0) * d);
+  }
+  for (int h = 0; h < H; ++h) {
+    const float dn = denom[h] + std::exp(attn_sink[h] - rmax[h]);
+    const float* ah = acc.data() + size_t(h) * d;
+    float* oh = out + size_t(h) * d;
+    for (int i = 0; i < d; i += 16)
+      _mm512_storeu_ps(oh + i, round_bf16_ps(_mm512_div_ps(_mm512_loadu_ps(ah + i), _mm512_set1_ps(dn))));
+  }
 }
 
 void expf_batch(const float* x, int64_t n, float* out) {

@@ -82,6 +82,9 @@ int64_t fp8_panel_bytes(const ref::Fp8Weight& w);  // kLayoutAvx512: bytes per 3
 // Fast numerics (contracts: ref::fast::linear_fp8_bf16, ref::fast::linear_bf16).
 void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool);
 void linear_bf16_fast(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool);
+// ref::fast::sparse_attention, d % 32 == 0.
+void sparse_attention_fast(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                           const float* attn_sink, float softmax_scale, float* out);
 }  // namespace di::kern::avx512
 DI_KERN_DECLARE_ISA(avx2)
 
@@ -95,9 +98,9 @@ void hc_collapse(const float* X, const float* pre, int hc, int dim, float* y);
 void hc_expand(const float* f, const float* X, const float* post, const float* comb, int hc, int dim, float* Y);
 void index_scores(const float* q, const float* w, int n_heads, int d, const float* const* keys, int64_t n, float* out);
 int64_t fp8_panel_bytes(const ref::Fp8Weight& w);  // kLayoutAvx2: bytes per 16-row panel
-// Fast numerics (contracts: ref::fast::*). K % 32 == 0 (linear_fp8_bf16, linear_bf16_fast), K % 16 == 0
-// (linear_f32_fast, rms_scale_fast), d % 16 == 0 (sparse_attention_fast). Every CPU with AVX-512
-// also runs the last three (their fp32 FMA order is the contract's).
+// Fast numerics (contracts: ref::fast::*). K % 32 == 0 (linear_fp8_bf16, linear_bf16_fast,
+// sparse_attention_fast's d), K % 16 == 0 (linear_f32_fast, rms_scale_fast). Every CPU with AVX-512
+// also runs linear_f32_fast and rms_scale_fast (their fp32 FMA order is the contract's).
 void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool);
 void linear_bf16_fast(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool);
 void linear_f32_fast(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool);

@@ -416,18 +416,35 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
                       const float* attn_sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;
   thread_local std::vector<float> score, acc, part;
+  thread_local std::vector<uint16_t> qb, kb;
   score.resize(kChunk);
   acc.resize(size_t(d));
   part.resize(size_t(d));
+  qb.resize(size_t(d));
+  // Rows as bf16 (null rows: zeros, probability 0), so P.V can read row pairs past a null or the end.
+  kb.assign(size_t(n_rows + 1) * size_t(d), 0);
+  for (int64_t j = 0; j < n_rows; ++j)
+    if (kv_rows[j])
+      for (int i = 0; i < d; ++i) kb[size_t(j) * size_t(d) + size_t(i)] = f32_to_bf16(kv_rows[j][i]);
+  auto row = [&](int64_t j) { return kb.data() + size_t(j) * size_t(d); };
   for (int h = 0; h < n_heads; ++h) {
     const float* qh = q + int64_t(h) * d;
+    for (int i = 0; i < d; ++i) qb[size_t(i)] = f32_to_bf16(qh[i]);
     float running_max = -1e30f, denom = 0.f;
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t c0 = 0; c0 < n_rows; c0 += kChunk) {
       const int64_t c1 = std::min(n_rows, c0 + kChunk);
       float chunk_max = -INFINITY;
       for (int64_t j = c0; j < c1; ++j) {
-        const float s = kv_rows[j] ? dot_fma_lanes(qh, kv_rows[j], d) * softmax_scale : -INFINITY;
+        float s = -INFINITY;
+        if (kv_rows[j]) {
+          float lane[16] = {};
+          for (int c = 0; c < d; c += 32)
+            for (int l = 0; l < 16; ++l)
+              for (int k : {c + 2 * l + 1, c + 2 * l})
+                if (k < d) lane[l] = fma_daz_ftz(bf16_to_f32(qb[size_t(k)]), bf16_to_f32(row(j)[k]), lane[l]);
+          s = halving_sum16(lane) * softmax_scale;
+        }
         score[size_t(j - c0)] = s;
         chunk_max = std::max(chunk_max, s);
       }
@@ -435,12 +452,19 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
       const float rescale = std::exp(running_max - new_max);
       float psum = 0.f;
       std::fill(part.begin(), part.end(), 0.f);
+      float pb[2];
       for (int64_t j = c0; j < c1; ++j) {
         const float p = std::exp(score[size_t(j - c0)] - new_max);
         psum += p;
-        if (!kv_rows[j]) continue;
-        const float pb = round_bf16(p);
-        for (int i = 0; i < d; ++i) part[size_t(i)] = std::fma(pb, kv_rows[j][i], part[size_t(i)]);
+        pb[(j - c0) & 1] = round_bf16(p);
+        if (((j - c0) & 1) == 0 && j + 1 < c1) continue;
+        // The pair (j0, j0 + 1), the second one first (vdpbf16ps's order); past the chunk: zeros.
+        const int64_t j0 = j - ((j - c0) & 1);
+        const float p1 = j0 + 1 < c1 ? pb[1] : 0.f;
+        for (int i = 0; i < d; ++i) {
+          const float v1 = j0 + 1 < c1 ? bf16_to_f32(row(j0 + 1)[i]) : 0.f;
+          part[size_t(i)] = fma_daz_ftz(pb[0], bf16_to_f32(row(j0)[i]), fma_daz_ftz(p1, v1, part[size_t(i)]));
+        }
       }
       denom = denom * rescale + psum;
       for (int i = 0; i < d; ++i) acc[size_t(i)] = acc[size_t(i)] * rescale + part[size_t(i)];

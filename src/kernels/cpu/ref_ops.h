@@ -102,10 +102,10 @@ void linear_fp8_dequant(const float* x, int64_t m, const Fp8Weight& w, float* y)
 // Orders used below:
 // - pair chain (FP8/FP4 block sums): per 32-wide K block a fresh fp32 sum over the 16 K pairs in
 //   order, each pair adding its odd element's product, then its even one's (vdpbf16ps's order).
-// - pair lanes (bf16 linears, the head): 16 lanes, lane l takes K pair l of every 32-wide chunk
-//   in K order (odd element, then even), then the halving tree below.
-// - fma lanes (fp32 linears, attention scores, RMSNorm): 16 lanes, lane l takes elements
-//   k = l, l + 16, ... by fused multiply-adds, then the halving tree.
+// - pair lanes (bf16 linears, the head, attention scores): 16 lanes, lane l takes K pair l of
+//   every 32-wide chunk in K order (odd element, then even), then the halving tree below.
+// - fma lanes (fp32 linears, RMSNorm): 16 lanes, lane l takes elements k = l, l + 16, ... by fused
+//   multiply-adds, then the halving tree.
 // - halving tree of 16 lanes: v8[i] = v[i] + v[i + 8], v4[i] = v8[i] + v8[i + 4],
 //   v2[i] = v4[i] + v4[i + 2], result v2[0] + v2[1].
 // Products of bf16-valued operands are exact in fp32. Pair steps are vdpbf16ps's: an FMA that
@@ -142,9 +142,12 @@ float rms_scale(const float* x, int64_t n, float eps);
 void rms_scales(const float* x, int64_t stride, int64_t rows, int64_t n, float eps, float* out);
 void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y);
 
-// The exact mode's online softmax with fp32 arithmetic: scores q . k in fma lanes x scale; per
-// 64-entry chunk the probability sum in fp32 in entry order, bf16 probabilities, P.V per channel
-// by FMAs in entry order (bf16 x bf16 products: exact), the rescaling as in the exact mode.
+// The exact mode's online softmax with fp32 arithmetic: q and the kv rows read as bf16 (they are
+// bf16-valued in the model: rounding them is a no-op there); scores q . k in pair lanes x scale;
+// per 64-entry chunk the probability sum in fp32 in entry order, bf16 probabilities, and P.V per
+// channel by pair steps over the entry pairs (2t, 2t + 1) of the chunk in order, a null row or
+// the entry past an odd chunk's end counting as probability 0 times a zero row; the rescaling as
+// in the exact mode; libm's expf.
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out);
 
