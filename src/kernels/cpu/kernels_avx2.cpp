@@ -1152,23 +1152,33 @@ inline void f32_tile(const float* x, int64_t K, const float* const* wr, float (&
 }  // namespace
 
 void linear_f32_fast(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool) {
-  const int64_t K = w.in, N = w.out;
-  run(pool, (N + 3) / 4, 1, [&](int64_t t0, int64_t t1, int) {
+  const int64_t K = w.in, N = w.out, ntiles = (N + 3) / 4;
+  auto tile = [&](int64_t t, int64_t r0) {
+    const int64_t n0 = t * 4;
+    const int rows = int(std::min<int64_t>(4, N - n0));
+    const float* wr[4];
+    for (int i = 0; i < 4; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
     float out[3][4];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * 4;
-      const int rows = int(std::min<int64_t>(4, N - n0));
-      const float* wr[4];
-      for (int i = 0; i < 4; ++i) wr[i] = w.w + (n0 + std::min(i, rows - 1)) * K;  // short tile: repeat the last row
-      for (int64_t r0 = 0; r0 < m; r0 += 3) {
-        const int M = int(std::min<int64_t>(3, m - r0));
-        if (M == 3) f32_tile<4, 3>(x + r0 * K, K, wr, out);
-        else if (M == 2) f32_tile<4, 2>(x + r0 * K, K, wr, out);
-        else f32_tile<4, 1>(x + r0 * K, K, wr, out);
-        for (int r = 0; r < M; ++r)
-          for (int i = 0; i < rows; ++i) y[(r0 + r) * N + n0 + i] = out[r][i];
-      }
-    }
+    const int M = int(std::min<int64_t>(3, m - r0));
+    if (M == 3) f32_tile<4, 3>(x + r0 * K, K, wr, out);
+    else if (M == 2) f32_tile<4, 2>(x + r0 * K, K, wr, out);
+    else f32_tile<4, 1>(x + r0 * K, K, wr, out);
+    for (int r = 0; r < M; ++r)
+      for (int i = 0; i < rows; ++i) y[(r0 + r) * N + n0 + i] = out[r][i];
+  };
+  // Many rows (the mHC mixes of a prefill: thousands of K, a few dozen outputs): threads take row
+  // tiles and run every column tile on them, so x streams once while the small weight stays in
+  // cache. Few rows: threads take column tiles. Each output is one tile's sum either way.
+  if (m >= 32) {
+    run(pool, (m + 2) / 3, 1, [&](int64_t a, int64_t b, int) {
+      for (int64_t rt = a; rt < b; ++rt)
+        for (int64_t t = 0; t < ntiles; ++t) tile(t, rt * 3);
+    });
+    return;
+  }
+  run(pool, ntiles, 1, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t r0 = 0; r0 < m; r0 += 3) tile(t, r0);
   });
 }
 

@@ -989,11 +989,16 @@ void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* 
 int64_t fp8_panel_bytes(const ref::Fp8Weight& w) { return (w.in / 32) * kFp8BlockBytes; }
 void linear_bf16_fast(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool) {
   thread_local AlignedVector<float> xb;
-  if (int64_t(xb.size()) < m * w.in) xb.resize(size_t(m * w.in));
-  for (int64_t i = 0; i < m * w.in; ++i) xb[size_t(i)] = round_bf16(x[i]);
+  const int64_t n = m * w.in, ny = m * w.out;
+  if (int64_t(xb.size()) < n) xb.resize(size_t(n));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(xb.data() + i, round_bf16_ps(_mm512_loadu_ps(x + i)));
+  for (; i < n; ++i) xb[size_t(i)] = round_bf16(x[i]);
   linear_bf16_logits(xb.data(), m, w, y, pool);  // pair lanes by vdpbf16ps (bf16-valued x: never its fp64 path)
-  if (round_out)
-    for (int64_t i = 0; i < m * w.out; ++i) y[i] = round_bf16(y[i]);
+  if (round_out) {
+    for (i = 0; i + 16 <= ny; i += 16) _mm512_storeu_ps(y + i, round_bf16_ps(_mm512_loadu_ps(y + i)));
+    for (; i < ny; ++i) y[i] = round_bf16(y[i]);
+  }
 }
 
 void linear_fp4(const float* x, int64_t m, const ref::Fp4Weight& w, float* y, ThreadPool* pool) {
@@ -1161,8 +1166,15 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
   uint16_t* xb = xs.data();
   for (int64_t r = 0; r < m; ++r) {
     uint16_t* row = xb + r * nc * 32;
-    for (int64_t k = 0; k < K; ++k) {
-      const uint32_t bits = f32_bits(x[r * K + k]);
+    const float* xr = x + r * K;
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(xr + k));
+      if (_mm512_test_epi32_mask(bits, _mm512_set1_epi32(0xffff))) return linear_bf16(x, m, w, y, false, pool);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    }
+    for (; k < K; ++k) {
+      const uint32_t bits = f32_bits(xr[k]);
       if (bits & 0xffff) return linear_bf16(x, m, w, y, false, pool);
       row[k] = uint16_t(bits >> 16);
     }
@@ -1176,7 +1188,19 @@ void linear_bf16_logits(const float* x, int64_t m, const ref::Bf16Weight& w, flo
   const bool wide = m > 6 && K <= 1024;
   constexpr int R = 4, R_wide = 3;
   const int r_tile = wide ? R_wide : R;
-  run(pool, (N + r_tile - 1) / r_tile, 16, [&](int64_t t0, int64_t t1, int) {
+  const int64_t ntiles = (N + r_tile - 1) / r_tile;
+  if (m >= 64 && ntiles < 64) {
+    // Few outputs, many rows (the MoE gate over a prompt): threads take blocks of rows, each
+    // running every output tile on them (each output is one tile's sum either way).
+    const int64_t rb = wide ? 8 : 6;
+    run(pool, (m + rb - 1) / rb, 1, [&](int64_t b0, int64_t b1, int) {
+      const int64_t r0 = b0 * rb, rows = std::min(m, b1 * rb) - r0;
+      if (wide) logits_chunk<R_wide, 8>(xb + r0 * nc * 32, rows, w, nc, tail, 0, ntiles, y + r0 * N);
+      else logits_chunk<R, 6>(xb + r0 * nc * 32, rows, w, nc, tail, 0, ntiles, y + r0 * N);
+    });
+    return;
+  }
+  run(pool, ntiles, 16, [&](int64_t t0, int64_t t1, int) {
     if (wide) logits_chunk<R_wide, 8>(xb, m, w, nc, tail, t0, t1, y);
     else logits_chunk<R, 6>(xb, m, w, nc, tail, t0, t1, y);
   }, head_chunks);

@@ -61,14 +61,17 @@ void topk_set(const float* score, int n, int k, int32_t* out, std::vector<int32_
 // Runs fn(begin, end) over [0, n) on the kernels' pool (inline without one). Used for per-query
 // work (attention, index scoring) whose results do not depend on the split.
 template <class F>
-void for_rows(int64_t n, F&& fn) {
+void for_rows(int64_t n, F&& fn, int chunks_per_thread = ThreadPool::kChunksPerThread) {
   ThreadPool* pool = kern::default_pool();
   if (!pool || pool->size() == 1 || n < 2) {
     fn(int64_t(0), n);
     return;
   }
-  pool->parallel_for(n, 1, [&](int64_t b, int64_t e, int) { fn(b, e); });
+  pool->parallel_for(n, 1, [&](int64_t b, int64_t e, int) { fn(b, e); }, chunks_per_thread);
 }
+// Per-query work that grows along the prompt (a later query sees more entries): small chunks, so
+// the last one claimed, which the other threads wait for, is short.
+constexpr int kGrowingWorkChunks = 16;
 
 // Independent linears of a step with few rows (decode) run as concurrent tasks, each on one
 // thread: a matrix of a few hundred KB split over both threads costs more in the split than it
@@ -451,7 +454,7 @@ void Model::index_select(int layer, Ctx& c, Segment& g, const float* iq, const f
       kern::index_scores(iq + size_t(s) * IH * ID, iw + size_t(s) * IH, IH, ID, key_rows + u0, visible - u0, out + u0);
       std::fill(out + visible, out + u1, -INFINITY);
     }
-  });
+  }, kGrowingWorkChunks);
   // Candidate pre-filter: the source keeps its best blocks (plus the newest one) per query; later
   // index sources mask everything outside them.
   const int cand = cfg_.candidate_source_layer;
@@ -616,7 +619,7 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
       const float* cs = cs_rows + size_t(g.row0 + s) * rd;
       for (int h = h0; h < h1; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
     }
-  });
+  }, kGrowingWorkChunks);
   for (Segment& g : c.segs) {
     const float* gkv = kv + size_t(g.row0) * D;
     auto& Ls = g.st->layers()[size_t(layer)];
