@@ -2649,7 +2649,8 @@ inline void score_tile_pairs(const uint16_t* qb, int d, const uint16_t* const* k
 }
 
 // P.V of one chunk for 4 heads x NC 16-channel vectors: pp = [pair][head] bf16 probability pairs
-// (stride kp), vt = [pair][channel] bf16 row pairs; then acc = acc x rescale + part per head.
+// (stride kp), vt = this channel block's [pair][64 channels] bf16 row pairs (contiguous: a tile's
+// 8 KB stay in L1 for the 4-head blocks that reuse it); then acc = acc x rescale + part per head.
 template <int NC>
 inline void pv_tile_pairs(const uint32_t* pp, int64_t kp, int np, const uint32_t* vt, int d, int c, const float* rescale,
                           float* acc) {
@@ -2661,7 +2662,7 @@ inline void pv_tile_pairs(const uint32_t* pp, int64_t kp, int np, const uint32_t
   for (int t = 0; t < np; ++t) {
     __m512bh v[NC];
 #pragma GCC unroll 4
-    for (int n = 0; n < NC; ++n) v[n] = (__m512bh)_mm512_loadu_si512(vt + size_t(t) * d + c + 16 * n);
+    for (int n = 0; n < NC; ++n) v[n] = (__m512bh)_mm512_loadu_si512(vt + t * 64 + 16 * n);
 #pragma GCC unroll 4
     for (int hh = 0; hh < 4; ++hh) {
       const __m512bh p = (__m512bh)_mm512_set1_epi32(int(pp[t * kp + hh]));
@@ -2696,7 +2697,7 @@ void sparse_attention_fast(const float* q, int n_heads, int d, const float* cons
   const int H = n_heads, HP = (H + 3) / 4 * 4, HV = (H + 15) / 16 * 16;
   const int64_t n4 = (n_rows + 3) / 4 * 4;
   thread_local std::vector<uint16_t> qb, kb;
-  thread_local std::vector<uint32_t> pp, vt;  // [pair][head], [pair][channel]
+  thread_local std::vector<uint32_t> pp, vt;  // [pair][head], [channel / 64][pair][channel % 64]
   thread_local std::vector<float> sc, acc, state;
   qb.assign(size_t(HP) * d, 0);
   for (int h = 0; h < H; ++h) to_bf16_row(q + size_t(h) * d, d, qb.data() + size_t(h) * d);
@@ -2722,7 +2723,7 @@ void sparse_attention_fast(const float* q, int n_heads, int d, const float* cons
   std::fill(rmax, rmax + HV, -1e30f);
   std::fill(denom, denom + HV, 0.f);
   pp.resize(size_t(kPairs) * HV);
-  vt.resize(size_t(kPairs) * d);
+  vt.resize(size_t((d + 63) / 64) * kPairs * 64);
   static const __m512i kLo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                                37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   static const __m512i kHi = _mm512_add_epi16(kLo, _mm512_set1_epi16(16));
@@ -2756,20 +2757,22 @@ void sparse_attention_fast(const float* q, int n_heads, int d, const float* cons
     for (int t = 0; t < np; ++t) {
       const uint16_t* a = krow(c0 + 2 * t);
       const uint16_t* b = krow(2 * t + 1 < L ? c0 + 2 * t + 1 : n_rows);
-      uint32_t* o = vt.data() + size_t(t) * d;
       for (int i = 0; i < d; i += 32) {
         const __m512i va = _mm512_loadu_si512(a + i), vb = _mm512_loadu_si512(b + i);
-        _mm512_storeu_si512(o + i, _mm512_permutex2var_epi16(va, kLo, vb));
-        _mm512_storeu_si512(o + i + 16, _mm512_permutex2var_epi16(va, kHi, vb));
+        uint32_t* o = vt.data() + size_t(i / 64) * kPairs * 64 + t * 64 + i % 64;
+        _mm512_storeu_si512(o, _mm512_permutex2var_epi16(va, kLo, vb));
+        _mm512_storeu_si512(o + 16, _mm512_permutex2var_epi16(va, kHi, vb));
       }
     }
     int c = 0;
     for (; c + 64 <= d; c += 64)
       for (int h0 = 0; h0 < HP; h0 += 4)
-        pv_tile_pairs<4>(pp.data() + h0, HV, np, vt.data(), d, c, rescale + h0, acc.data() + size_t(h0) * d);
+        pv_tile_pairs<4>(pp.data() + h0, HV, np, vt.data() + size_t(c / 64) * kPairs * 64, d, c, rescale + h0,
+                         acc.data() + size_t(h0) * d);
     for (; c < d; c += 32)
       for (int h0 = 0; h0 < HP; h0 += 4)
-        pv_tile_pairs<2>(pp.data() + h0, HV, np, vt.data(), d, c, rescale + h0, acc.data() + size_t(h0) * d);
+        pv_tile_pairs<2>(pp.data() + h0, HV, np, vt.data() + size_t(c / 64) * kPairs * 64, d, c, rescale + h0,
+                         acc.data() + size_t(h0) * d);
   }
   for (int h = 0; h < H; ++h) {
     const float dn = denom[h] + std::exp(attn_sink[h] - rmax[h]);
