@@ -1317,6 +1317,19 @@ TEST(KernelsFast, SparseAttention) {
       kern::fast::sparse_attention(q.data(), a.h, a.d, rows.data(), a.rows, sink.data(), scale, got.data());
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
           << kern::isa_name(isa) << " h=" << a.h << " d=" << a.d << " rows=" << a.rows;
+      // The rows as bf16 (they are bf16-valued here): the same bits.
+      std::vector<std::vector<uint16_t>> store16;
+      std::vector<const uint16_t*> rows16(size_t(a.rows));
+      for (int64_t j = 0; j < a.rows; ++j) {
+        if (!rows[size_t(j)]) continue;
+        store16.emplace_back(size_t(a.d));
+        for (int i = 0; i < a.d; ++i) store16.back()[size_t(i)] = f32_to_bf16(rows[size_t(j)][i]);
+        rows16[size_t(j)] = store16.back().data();
+      }
+      std::fill(got.begin(), got.end(), -1.f);
+      kern::fast::sparse_attention_bf16(q.data(), a.h, a.d, rows16.data(), a.rows, sink.data(), scale, got.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+          << "bf16 rows " << kern::isa_name(isa) << " h=" << a.h << " d=" << a.d << " rows=" << a.rows;
     }
   }
   std::printf("fast sparse_attention: %lld of %lld outputs differ from the exact mode's\n", (long long)differ_from_exact,

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/dtypes.h"
 #include "kernels/cpu/kernels_internal.h"
@@ -289,6 +290,20 @@ void sparse_attention(const float* q, int n_heads, int d, const float* const* kv
   if (current() == Isa::Avx2 && d % 32 == 0)
     return avx2::sparse_attention_fast(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
   ref::fast::sparse_attention(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+}
+void sparse_attention_bf16(const float* q, int n_heads, int d, const uint16_t* const* kv_rows, int64_t n_rows,
+                           const float* attn_sink, float softmax_scale, float* out) {
+  if (current() == Isa::Avx512 && d % 32 == 0)
+    return avx512::sparse_attention_fast_bf16(q, n_heads, d, kv_rows, n_rows, attn_sink, softmax_scale, out);
+  thread_local std::vector<float> rows;
+  thread_local std::vector<const float*> ptrs;
+  rows.resize(size_t(n_rows) * size_t(d));
+  ptrs.resize(size_t(n_rows));
+  for (int64_t j = 0; j < n_rows; ++j) {
+    ptrs[size_t(j)] = kv_rows[j] ? rows.data() + size_t(j) * size_t(d) : nullptr;
+    for (int i = 0; kv_rows[j] && i < d; ++i) rows[size_t(j) * size_t(d) + size_t(i)] = bf16_to_f32(kv_rows[j][i]);
+  }
+  sparse_attention(q, n_heads, d, ptrs.data(), n_rows, attn_sink, softmax_scale, out);
 }
 float rms_scale(const float* x, int64_t n, float eps) {
   if (current() != Isa::Scalar && n % 16 == 0) return avx2::rms_scale_fast(x, n, eps);

@@ -88,6 +88,10 @@ void linear_bf16(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, 
 void linear_f32(const float* x, int64_t m, const ref::F32Weight& w, float* y, ThreadPool* pool = nullptr);
 void sparse_attention(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                       const float* attn_sink, float softmax_scale, float* out);  // single-threaded
+// The same with the rows as bf16 (the contract reads them as bf16): callers whose queries share
+// rows convert each row once instead of once per call.
+void sparse_attention_bf16(const float* q, int n_heads, int d, const uint16_t* const* kv_rows, int64_t n_rows,
+                           const float* attn_sink, float softmax_scale, float* out);
 float rms_scale(const float* x, int64_t n, float eps);
 void rms_scales(const float* x, int64_t stride, int64_t rows, int64_t n, float eps, float* out);
 void rms_norm(const float* x, const uint16_t* weight, int64_t n, float eps, float* y);

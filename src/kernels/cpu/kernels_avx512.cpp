@@ -2694,24 +2694,19 @@ inline void to_bf16_row(const float* x, int d, uint16_t* y) {
 // vdpbf16ps chains; the recurrence with the heads across the lanes (sequential per head, as the
 // contract); P.V by vdpbf16ps over row pairs interleaved once per chunk, 4 heads x 64 channels
 // per tile, so each pair vector feeds 4 heads and each probability pair 4 vectors.
-void sparse_attention_fast(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
-                           const float* attn_sink, float softmax_scale, float* out) {
+// krow(j), j in [0, n_rows rounded up to 4]: row j as bf16, zeros for a null row and past n_rows;
+// kv_rows[j] == nullptr marks the null rows.
+template <class Row>
+void attention_pairs(const float* q, int n_heads, int d, Row krow, const void* const* kv_rows, int64_t n_rows,
+                     const float* attn_sink, float softmax_scale, float* out) {
   constexpr int kChunk = 64, kPairs = kChunk / 2;
   const int H = n_heads, HP = (H + 3) / 4 * 4, HV = (H + 15) / 16 * 16;
   const int64_t n4 = (n_rows + 3) / 4 * 4;
-  thread_local std::vector<uint16_t> qb, kb;
+  thread_local std::vector<uint16_t> qb;
   thread_local std::vector<uint32_t> pp, vt;  // [pair][head], [channel / 64][pair][channel % 64]
   thread_local std::vector<float> sc, acc, state;
   qb.assign(size_t(HP) * d, 0);
   for (int h = 0; h < H; ++h) to_bf16_row(q + size_t(h) * d, d, qb.data() + size_t(h) * d);
-  // Rows n_rows .. n4 (tile padding) and null rows are zeros; row n_rows is the pairs' zero row.
-  kb.resize(size_t(n4 + 1) * d);
-  for (int64_t j = 0; j <= n4; ++j) {
-    uint16_t* r = kb.data() + size_t(j) * d;
-    if (j < n_rows && kv_rows[j]) to_bf16_row(kv_rows[j], d, r);
-    else std::memset(r, 0, size_t(d) * 2);
-  }
-  auto krow = [&](int64_t j) { return kb.data() + size_t(j) * d; };
   sc.resize(size_t(n4) * HV);
   for (int64_t j0 = 0; j0 < n4; j0 += 4) {
     const uint16_t* kr[4] = {krow(j0), krow(j0 + 1), krow(j0 + 2), krow(j0 + 3)};
@@ -2784,6 +2779,31 @@ void sparse_attention_fast(const float* q, int n_heads, int d, const float* cons
     for (int i = 0; i < d; i += 16)
       _mm512_storeu_ps(oh + i, round_bf16_ps(_mm512_div_ps(_mm512_loadu_ps(ah + i), _mm512_set1_ps(dn))));
   }
+}
+
+void sparse_attention_fast(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
+                           const float* attn_sink, float softmax_scale, float* out) {
+  // Rows n_rows .. n4 (tile padding) and null rows are zeros; row n_rows is the pairs' zero row.
+  thread_local std::vector<uint16_t> kb;
+  const int64_t n4 = (n_rows + 3) / 4 * 4;
+  kb.resize(size_t(n4 + 1) * d);
+  for (int64_t j = 0; j <= n4; ++j) {
+    uint16_t* r = kb.data() + size_t(j) * d;
+    if (j < n_rows && kv_rows[j]) to_bf16_row(kv_rows[j], d, r);
+    else std::memset(r, 0, size_t(d) * 2);
+  }
+  attention_pairs(q, n_heads, d, [&](int64_t j) -> const uint16_t* { return kb.data() + size_t(j) * d; },
+                  reinterpret_cast<const void* const*>(kv_rows), n_rows, attn_sink, softmax_scale, out);
+}
+
+void sparse_attention_fast_bf16(const float* q, int n_heads, int d, const uint16_t* const* kv_rows, int64_t n_rows,
+                                const float* attn_sink, float softmax_scale, float* out) {
+  thread_local std::vector<uint16_t> zero;
+  zero.assign(size_t(d), 0);
+  attention_pairs(
+      q, n_heads, d,
+      [&](int64_t j) -> const uint16_t* { return j < n_rows && kv_rows[j] ? kv_rows[j] : zero.data(); },
+      reinterpret_cast<const void* const*>(kv_rows), n_rows, attn_sink, softmax_scale, out);
 }
 
 void expf_batch(const float* x, int64_t n, float* out) {

@@ -82,9 +82,11 @@ int64_t fp8_panel_bytes(const ref::Fp8Weight& w);  // kLayoutAvx512: bytes per 3
 // Fast numerics (contracts: ref::fast::linear_fp8_bf16, ref::fast::linear_bf16).
 void linear_fp8_bf16(const float* x, int64_t m, const ref::Fp8Weight& w, float* y, ThreadPool* pool);
 void linear_bf16_fast(const float* x, int64_t m, const ref::Bf16Weight& w, float* y, bool round_out, ThreadPool* pool);
-// ref::fast::sparse_attention, d % 32 == 0.
+// ref::fast::sparse_attention, d % 32 == 0; the _bf16 variant takes the rows as bf16.
 void sparse_attention_fast(const float* q, int n_heads, int d, const float* const* kv_rows, int64_t n_rows,
                            const float* attn_sink, float softmax_scale, float* out);
+void sparse_attention_fast_bf16(const float* q, int n_heads, int d, const uint16_t* const* kv_rows, int64_t n_rows,
+                                const float* attn_sink, float softmax_scale, float* out);
 }  // namespace di::kern::avx512
 DI_KERN_DECLARE_ISA(avx2)
 

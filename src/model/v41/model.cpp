@@ -585,37 +585,86 @@ void Model::attention(int layer, Ctx& c, const float* x, float* out) const {
   int32_t* seg_of_row = sized(ws.row_segment, size_t(N));
   for (size_t gi = 0; gi < c.segs.size(); ++gi)
     std::fill(seg_of_row + c.segs[gi].row0, seg_of_row + c.segs[gi].row0 + c.segs[gi].S, int32_t(gi));
+  auto compressed_of = [&](const Segment& g) -> const RowCache* {
+    return (ratio && g.kv_source >= 0) ? &g.st->layers()[size_t(g.kv_source)].compressed_kv : nullptr;
+  };
+  // The fast kernels read the rows as bf16. A prompt chunk's queries attend to mostly the same
+  // rows, so such a segment converts each once here ([window rows before the chunk][the chunk's
+  // rows][compressed entries]) instead of once per query; decode rows pass the fp32 rows.
+  constexpr int kRows16MinRows = 16;
+  size_t* off16 = sized(ws.rows16_off, c.segs.size());
+  size_t slots16 = 0;
+  for (size_t gi = 0; gi < c.segs.size(); ++gi) {
+    const Segment& g = c.segs[gi];
+    off16[gi] = SIZE_MAX;
+    if (numerics_ != Numerics::Fast || D % 32 || g.S < kRows16MinRows) continue;
+    const RowCache* ckv = compressed_of(g);
+    const int64_t w0 = std::max<int64_t>(0, g.start - W + 1);
+    const int64_t ncomp = ckv ? std::min<int64_t>(ckv->size(), (g.start + g.S) / ratio) : 0;
+    const float** src = sized(ws.rows16_src, slots16 + size_t(g.start - w0 + g.S + ncomp)) + slots16;
+    const auto& Ls = g.st->layers()[size_t(layer)];
+    for (int64_t p = w0; p < g.start; ++p) *src++ = Ls.window.data() + size_t(p % g.st->window_cap()) * D;
+    for (int64_t s = 0; s < g.S; ++s) *src++ = kv + size_t(g.row0 + s) * D;
+    for (int64_t e = 0; e < ncomp; ++e) *src++ = ckv->row<float>(e);
+    off16[gi] = slots16;
+    slots16 += size_t(g.start - w0 + g.S + ncomp);
+  }
+  uint16_t* rows16 = sized(ws.rows16, slots16 * size_t(D));
+  if (slots16)
+    for_rows(int64_t(slots16), [&](int64_t a, int64_t b) {
+      for (int64_t i = a; i < b; ++i)
+        for (int d = 0; d < D; ++d) rows16[size_t(i) * D + d] = f32_to_bf16(ws.rows16_src[size_t(i)][d]);
+    });
   // Work items: (row, group of heads); with fewer rows than threads (decode of one sequence) the
   // heads are split too (heads are independent: the same bits for any split).
   const int64_t parts = row_parts(N);
   timer.next(DI_PHASE_ID("attn.core"));
   for_rows(N * parts, [&](int64_t i0, int64_t i1) {
     thread_local std::vector<const float*> rows;
+    thread_local std::vector<const uint16_t*> rows_b;
     for (int64_t i = i0; i < i1; ++i) {
-      const Segment& g = c.segs[size_t(seg_of_row[i / parts])];
+      const size_t gi = size_t(seg_of_row[i / parts]);
+      const Segment& g = c.segs[gi];
       const int64_t s = i / parts - g.row0;
       const int h0 = int(i % parts * H / parts), h1 = int((i % parts + 1) * H / parts);
       const int64_t t = g.start + s;
       const float* gkv = kv + size_t(g.row0) * D;
       const auto& Ls = g.st->layers()[size_t(layer)];
       const int cap = g.st->window_cap();
-      const RowCache* ckv = (ratio && g.kv_source >= 0) ? &g.st->layers()[size_t(g.kv_source)].compressed_kv : nullptr;
+      const RowCache* ckv = compressed_of(g);
       const int k = ratio ? g.topk_k : 0;
       const int32_t* topk = ws.topk.data() + g.topk_off;
-      rows.resize(size_t(W + k));
+      float* os = o + size_t(g.row0 + s) * H * D;
+      const float* qs = q + (size_t(g.row0 + s) * H + h0) * D;
       // Canonical list for position t: window positions ascending, padded to `window` with -1,
       // then the selected compressed entries. It depends on t only, so chunking cannot change it.
-      int n = 0;
-      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
-        rows[size_t(n++)] = p >= g.start ? gkv + size_t(p - g.start) * D : Ls.window.data() + size_t(p % cap) * D;
-      while (n < W) rows[size_t(n++)] = nullptr;
-      for (int j = 0; j < k; ++j) {
-        const int32_t e = topk[size_t(s) * k + size_t(j)];
-        rows[size_t(n++)] = e >= 0 ? ckv->row<float>(e) : nullptr;
+      auto fill = [&](auto& list, auto window_row, auto compressed_row) {
+        list.resize(size_t(W + k));
+        int n = 0;
+        for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p) list[size_t(n++)] = window_row(p);
+        while (n < W) list[size_t(n++)] = nullptr;
+        for (int j = 0; j < k; ++j) {
+          const int32_t e = topk[size_t(s) * k + size_t(j)];
+          list[size_t(n++)] = e >= 0 ? compressed_row(e) : nullptr;
+        }
+        return n;
+      };
+      if (off16[gi] != SIZE_MAX) {
+        const int64_t w0 = std::max<int64_t>(0, g.start - W + 1);
+        const uint16_t* base = rows16 + off16[gi] * D;
+        const int n = fill(
+            rows_b, [&](int64_t p) { return base + size_t(p - w0) * D; },
+            [&](int32_t e) { return base + size_t(g.start - w0 + g.S + e) * D; });
+        kern::fast::sparse_attention_bf16(qs, h1 - h0, D, rows_b.data(), n, A.attn_sink.p + h0, scale, os + size_t(h0) * D);
+      } else {
+        const int n = fill(
+            rows,
+            [&](int64_t p) {
+              return p >= g.start ? gkv + size_t(p - g.start) * D : Ls.window.data() + size_t(p % cap) * D;
+            },
+            [&](int32_t e) { return ckv->row<float>(e); });
+        sparse_attention(qs, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale, os + size_t(h0) * D);
       }
-      float* os = o + size_t(g.row0 + s) * H * D;
-      sparse_attention(q + (size_t(g.row0 + s) * H + h0) * D, h1 - h0, D, rows.data(), n, A.attn_sink.p + h0, scale,
-                             os + size_t(h0) * D);
       const float* cs = cs_rows + size_t(g.row0 + s) * rd;
       for (int h = h0; h < h1; ++h) ref::rope_apply(os + size_t(h) * D + D - rd, rd, cs, true);
     }

@@ -108,6 +108,11 @@ struct Workspace final : di::Workspace {
   std::vector<uint8_t> candidate_mask;
   std::vector<int> out_rows;
   std::vector<const float*> key_rows;
+  // Fast prefill: bf16 copies of the rows a segment's queries attend to, their sources, and each
+  // segment's offset in them (SIZE_MAX: the segment passes fp32 rows).
+  std::vector<uint16_t> rows16;
+  std::vector<const float*> rows16_src;
+  std::vector<size_t> rows16_off;
   size_t topk_used = 0, candidate_mask_used = 0;  // per-step bump allocation in topk / candidate_mask
   std::vector<detail::Segment> segments;
   std::vector<std::span<const int32_t>> token_spans;
