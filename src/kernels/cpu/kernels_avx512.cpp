@@ -12,7 +12,7 @@
 // bf16 / fp32 / FP8-dequant linears: exact products summed in fp64 (2 x 8 lanes per 16 K, then the
 // tail), rounded once to fp32. The logits head: fp32 vdpbf16ps sums (see linear_bf16_logits).
 // Attention: fp64 dots (exact for its operands, so in any order), the reference's recurrence, fp64
-// P.V per channel in row order. Index scores: exact integer block sums (VNNI) combined in fp64, or
+// P.V per channel in row order; the fast mode's attention is vdpbf16ps tiles (attention_pairs). Index scores: exact integer block sums (VNNI) combined in fp64, or
 // fp64 dots where the data is not FP4-like.
 #include <immintrin.h>
 
