@@ -8,8 +8,10 @@
 #include <stdexcept>
 
 #include "core/dtypes.h"
+#include "core/phase_profile.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/mla.h"
 
 namespace di::v3 {
 
@@ -97,7 +99,7 @@ void Model::forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) con
     if (!it.state) throw std::invalid_argument("forward: batch item without a state");
     w.items.push_back({&own_state(it.state), it.tokens, it.all_logits, it.logits});
   }
-  forward_batch(w.items, ForwardOptions{}, w);
+  forward_batch(w.items, ForwardOptions{false, w.observer}, w);
 }
 
 void Model::resume(di::SequenceState& state, di::Workspace& ws) const {
@@ -159,6 +161,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
       throw CacheExhausted("KV cache pool exhausted: the step needs " + std::to_string(bytes) + " bytes, " +
                            std::to_string(p->free_bytes()) + " free");
 
+  phase::Scope timer(DI_PHASE_ID("embed, rope tables"));
   Ctx cx;
   cx.items = items;
   cx.opts = &opts;
@@ -187,6 +190,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
     }
   }
 
+  timer.end();
   try {
     for (int L = 0; L < c.n_layers; ++L) {
       attention(L, cx);
@@ -199,6 +203,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
   }
 
   // Final norm and head on the rows whose logits are wanted.
+  DI_PHASE("head");
   std::vector<int64_t> out_rows;
   for (size_t i = 0; i < items.size(); ++i) {
     const int64_t n = int64_t(items[i].tokens.size());
@@ -231,25 +236,28 @@ void Model::attention(int layer, Ctx& cx) const {
   Workspace& ws = *cx.ws;
   const int64_t R = cx.R, H = c.n_heads, nope = c.qk_nope_head_dim, rope_d = c.qk_rope_head_dim, qk = c.qk_head_dim(),
                 kvl = c.kv_lora_rank, vd = c.v_head_dim, width = kvl + rope_d;
+  phase::Scope timer(DI_PHASE_ID("attn.projections"));
   ws.xn.resize(size_t(R * c.dim));
   for (int64_t r = 0; r < R; ++r)
     rms_norm(mode_, ws.x.data() + r * c.dim, w_.layers[size_t(layer)].attn_norm.p, c.dim, c.rms_norm_eps,
              ws.xn.data() + r * c.dim);
   ws.q.resize(size_t(R * H * qk));
+  ws.kv.resize(size_t(R * width));
   if (c.q_lora_rank > 0) {
     ws.qa.resize(size_t(R * c.q_lora_rank));
     ws.tmp.resize(size_t(R * c.q_lora_rank));
-    linear(mode_, ws.xn.data(), R, a.wq_a, ws.tmp.data());
+    const LinearJob jobs[2] = {{ws.xn.data(), R, &a.wq_a, ws.tmp.data()}, {ws.xn.data(), R, &a.wkv_a, ws.kv.data()}};
+    linear_multi(mode_, jobs);
     for (int64_t r = 0; r < R; ++r)
       rms_norm(mode_, ws.tmp.data() + r * c.q_lora_rank, a.q_norm.p, c.q_lora_rank, c.rms_norm_eps,
                ws.qa.data() + r * c.q_lora_rank);
     linear(mode_, ws.qa.data(), R, a.wq_b, ws.q.data());
   } else {
-    linear(mode_, ws.xn.data(), R, a.wq, ws.q.data());
+    const LinearJob jobs[2] = {{ws.xn.data(), R, &a.wq, ws.q.data()}, {ws.xn.data(), R, &a.wkv_a, ws.kv.data()}};
+    linear_multi(mode_, jobs);
   }
-  ws.kv.resize(size_t(R * width));
-  linear(mode_, ws.xn.data(), R, a.wkv_a, ws.kv.data());
   const bool round = mode_ != Mode::Fp32;
+  timer.next(DI_PHASE_ID("attn.rope, cache"));
   // RoPE on q_pe; the cache rows: kv_norm(latent) and rope(k_pe).
   for (size_t i = 0; i < cx.items.size(); ++i) {
     kvcache::RowCache& cache = cx.items[i].state->caches()[size_t(layer)];
@@ -269,17 +277,28 @@ void Model::attention(int layer, Ctx& cx) const {
   const int64_t per_head = nope + vd;
   const float* uk_t = absorbed_[size_t(layer)].uk_t.data();
   const float* wkv_b = absorbed_[size_t(layer)].wkv_b.data();
+  timer.next(DI_PHASE_ID("attn.core"));
   ws.q_abs.resize(size_t(R * H * kvl));
   ws.attn.resize(size_t(R * H * vd));
+  // Each item's cache rows, by position.
+  std::vector<const float*>& rows = ws.cache_rows;
+  std::vector<int64_t>& rows0 = ws.cache_rows0;
+  rows.clear();
+  rows0.clear();
+  for (size_t i = 0; i < cx.items.size(); ++i) {
+    const kvcache::RowCache& cache = cx.items[i].state->caches()[size_t(layer)];
+    rows0.push_back(int64_t(rows.size()));
+    for (int64_t t = 0; t < cache.size(); ++t) rows.push_back(cache.row<float>(t));
+  }
   ThreadPool* pool = kern::default_pool();
   auto run = [&](int64_t b, int64_t e, int) {
     thread_local std::vector<float> scores, o;
     thread_local std::vector<double> od;
     o.resize(size_t(kvl));
+    od.resize(size_t(kvl));
     for (int64_t rh = b; rh < e; ++rh) {
       const int64_t r = rh / H, h = rh % H;
-      const BatchItem& it = cx.items[size_t(ws.row_item[size_t(r)])];
-      const kvcache::RowCache& cache = it.state->caches()[size_t(layer)];
+      const float* const* crow = rows.data() + rows0[size_t(ws.row_item[size_t(r)])];
       const float* qn = ws.q.data() + (r * H + h) * qk;
       const float* qpe = qn + nope;
       float* qa = ws.q_abs.data() + (r * H + h) * kvl;
@@ -289,7 +308,7 @@ void Model::attention(int layer, Ctx& cx) const {
       scores.resize(size_t(n_ctx));
       float mx = -INFINITY;
       for (int64_t t = 0; t < n_ctx; ++t) {
-        const float* row = cache.row<float>(t);
+        const float* row = crow[t];
         const float s1 = rd(dot(mode_, qa, row, kvl)), s2 = rd(dot(mode_, qpe, row + kvl, rope_d));
         const float s = rd(rd(s1 + s2) * softmax_scale_);
         scores[size_t(t)] = s;
@@ -299,23 +318,15 @@ void Model::attention(int layer, Ctx& cx) const {
       if (mode_ == Mode::Fast) {
         float sum = 0;
         for (int64_t t = 0; t < n_ctx; ++t) sum += (scores[size_t(t)] = std::exp(scores[size_t(t)] - mx));
-        std::fill(o.begin(), o.end(), 0.0f);
-        for (int64_t t = 0; t < n_ctx; ++t) {
-          const float p = rd(scores[size_t(t)] / sum);
-          const float* row = cache.row<float>(t);
-          for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] += p * row[cc];  // bf16 x bf16: exact product
-        }
+        for (int64_t t = 0; t < n_ctx; ++t) scores[size_t(t)] = rd(scores[size_t(t)] / sum);
+        kern::mla::pv_f32(scores.data(), crow, n_ctx, kvl, o.data());
         for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] = rd(o[size_t(cc)]);
       } else {
         double sum = 0;
         for (int64_t t = 0; t < n_ctx; ++t) sum += (scores[size_t(t)] = std::exp(scores[size_t(t)] - mx));
         const float fsum = float(sum);
-        od.assign(size_t(kvl), 0.0);
-        for (int64_t t = 0; t < n_ctx; ++t) {
-          const float p = rd(scores[size_t(t)] / fsum);
-          const float* row = cache.row<float>(t);
-          for (int64_t cc = 0; cc < kvl; ++cc) od[size_t(cc)] += double(p) * double(row[cc]);
-        }
+        for (int64_t t = 0; t < n_ctx; ++t) scores[size_t(t)] = rd(scores[size_t(t)] / fsum);
+        kern::mla::pv_f64(scores.data(), crow, n_ctx, kvl, od.data());
         for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] = rd(float(od[size_t(cc)]));
       }
       const float* uv = wkv_b + (h * per_head + nope) * kvl;
@@ -324,18 +335,40 @@ void Model::attention(int layer, Ctx& cx) const {
   };
   if (pool && pool->size() > 1 && R * H > 1) pool->parallel_for(R * H, 1, run);
   else run(0, R * H, 0);
+  timer.next(DI_PHASE_ID("attn.o_proj"));
   ws.tmp.resize(size_t(R * c.dim));
   linear(mode_, ws.attn.data(), R, a.wo, ws.tmp.data());
   for (int64_t i = 0; i < R * c.dim; ++i) ws.x[size_t(i)] = rd(ws.x[size_t(i)] + ws.tmp[size_t(i)]);
 }
 
 void Model::mlp(const MlpWeights& w, const float* x, int64_t m, int64_t inter, float* out, Workspace& ws) const {
-  ws.h1.resize(size_t(m * inter));
-  ws.h3.resize(size_t(m * inter));
-  linear(mode_, x, m, w.gate, ws.h1.data());
-  linear(mode_, x, m, w.up, ws.h3.data());
-  for (int64_t i = 0; i < m * inter; ++i) ws.h1[size_t(i)] = rd(rd(silu(ws.h1[size_t(i)])) * ws.h3[size_t(i)]);
-  linear(mode_, ws.h1.data(), m, w.down, out);
+  const MlpJob job{&w, x, m, inter, out};
+  mlps(std::span<const MlpJob>(&job, 1), ws);
+}
+
+// gate and up of every job in one pool job, SwiGLU, then every down in another.
+void Model::mlps(std::span<const MlpJob> jobs, Workspace& ws) const {
+  int64_t total = 0;
+  for (const MlpJob& j : jobs) total += j.m * j.inter;
+  ws.h1.resize(size_t(total));
+  ws.h3.resize(size_t(total));
+  std::vector<LinearJob>& lj = ws.linear_jobs;
+  lj.clear();
+  int64_t off = 0;
+  for (const MlpJob& j : jobs) {
+    lj.push_back({j.x, j.m, &j.w->gate, ws.h1.data() + off});
+    lj.push_back({j.x, j.m, &j.w->up, ws.h3.data() + off});
+    off += j.m * j.inter;
+  }
+  linear_multi(mode_, lj);
+  for (int64_t i = 0; i < total; ++i) ws.h1[size_t(i)] = rd(rd(silu(ws.h1[size_t(i)])) * ws.h3[size_t(i)]);
+  lj.clear();
+  off = 0;
+  for (const MlpJob& j : jobs) {
+    lj.push_back({ws.h1.data() + off, j.m, &j.w->down, j.out});
+    off += j.m * j.inter;
+  }
+  linear_multi(mode_, lj);
 }
 
 void Model::ffn(int layer, Ctx& cx) const {
@@ -346,8 +379,12 @@ void Model::ffn(int layer, Ctx& cx) const {
   for (int64_t r = 0; r < R; ++r)
     rms_norm(mode_, ws.x.data() + r * c.dim, L.ffn_norm.p, c.dim, c.rms_norm_eps, ws.xn.data() + r * c.dim);
   ws.tmp.resize(size_t(R * c.dim));
-  if (L.moe) moe(layer, cx);
-  else mlp(L.mlp, ws.xn.data(), R, c.inter_dim, ws.tmp.data(), ws);
+  if (L.moe) {
+    moe(layer, cx);
+  } else {
+    DI_PHASE("dense mlp");
+    mlp(L.mlp, ws.xn.data(), R, c.inter_dim, ws.tmp.data(), ws);
+  }
   for (int64_t i = 0; i < R * c.dim; ++i) ws.x[size_t(i)] = rd(ws.x[size_t(i)] + ws.tmp[size_t(i)]);
 }
 
@@ -356,6 +393,7 @@ void Model::moe(int layer, Ctx& cx) const {
   const MoeWeights& m = w_.layers[size_t(layer)].experts;
   Workspace& ws = *cx.ws;
   const int64_t R = cx.R, E = c.n_routed_experts, K = c.n_activated_experts, G = c.n_group, per_group = E / G;
+  phase::Scope timer(DI_PHASE_ID("moe.router"));
   ws.gate.resize(size_t(R * E));
   linear(mode_, ws.xn.data(), R, m.gate, ws.gate.data());
   ws.expert_ids.resize(size_t(R * K));
@@ -423,26 +461,36 @@ void Model::moe(int layer, Ctx& cx) const {
     for (size_t i = 0; i < cx.items.size(); ++i)
       cx.opts->observer->on_experts(layer, cx.start[i], int(cx.items[i].tokens.size()), int(K),
                                     ws.expert_ids.data() + cx.row0[i] * K, ws.expert_w.data() + cx.row0[i] * K);
-  // Each expert once over the rows that chose it.
+  // Each expert once over the rows that chose it (rows grouped by expert, ascending), the shared
+  // experts over all rows, in the same two pool jobs.
+  timer.next(DI_PHASE_ID("moe.experts"));
   const int64_t dim = c.dim;
-  ws.expert_out.resize(size_t(R * K * dim));
-  std::vector<float> gathered, out;
-  for (int64_t e = 0; e < E; ++e) {
-    ws.gather_rows.clear();
-    for (int64_t i = 0; i < R * K; ++i)
-      if (ws.expert_ids[size_t(i)] == e) ws.gather_rows.push_back(int32_t(i));
-    if (ws.gather_rows.empty()) continue;
-    const int64_t n = int64_t(ws.gather_rows.size());
-    gathered.resize(size_t(n * dim));
-    out.resize(size_t(n * dim));
-    for (int64_t j = 0; j < n; ++j)
-      std::memcpy(gathered.data() + j * dim, ws.xn.data() + (ws.gather_rows[size_t(j)] / K) * dim, size_t(dim) * 4);
-    mlp(m.experts[size_t(e)], gathered.data(), n, c.moe_inter_dim, out.data(), ws);
-    for (int64_t j = 0; j < n; ++j)
-      std::memcpy(ws.expert_out.data() + int64_t(ws.gather_rows[size_t(j)]) * dim, out.data() + j * dim, size_t(dim) * 4);
+  std::vector<int32_t>& count = ws.expert_count;
+  count.assign(size_t(E + 1), 0);
+  for (int64_t i = 0; i < R * K; ++i) ++count[size_t(ws.expert_ids[size_t(i)]) + 1];
+  for (int64_t e = 0; e < E; ++e) count[size_t(e + 1)] += count[size_t(e)];
+  ws.gather_rows.resize(size_t(R * K));
+  {
+    std::vector<int32_t> next(count.begin(), count.end() - 1);
+    for (int64_t i = 0; i < R * K; ++i) ws.gather_rows[size_t(next[size_t(ws.expert_ids[size_t(i)])]++)] = int32_t(i);
   }
+  ws.gathered.resize(size_t(R * K * dim));
+  ws.expert_out.resize(size_t(R * K * dim));
+  for (int64_t j = 0; j < R * K; ++j)
+    std::memcpy(ws.gathered.data() + j * dim, ws.xn.data() + (ws.gather_rows[size_t(j)] / K) * dim, size_t(dim) * 4);
   ws.shared.resize(size_t(R * dim));
-  if (m.has_shared) mlp(m.shared, ws.xn.data(), R, int64_t(c.moe_inter_dim) * c.n_shared_experts, ws.shared.data(), ws);
+  ws.moe_y.resize(size_t(R * K * dim));
+  std::vector<MlpJob> jobs;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = count[size_t(e)], n = count[size_t(e + 1)] - b;
+    if (n > 0)
+      jobs.push_back({&m.experts[size_t(e)], ws.gathered.data() + b * dim, n, c.moe_inter_dim, ws.moe_y.data() + b * dim});
+  }
+  if (m.has_shared) jobs.push_back({&m.shared, ws.xn.data(), R, int64_t(c.moe_inter_dim) * c.n_shared_experts, ws.shared.data()});
+  mlps(jobs, ws);
+  for (int64_t j = 0; j < R * K; ++j)
+    std::memcpy(ws.expert_out.data() + int64_t(ws.gather_rows[size_t(j)]) * dim, ws.moe_y.data() + j * dim, size_t(dim) * 4);
+  timer.next(DI_PHASE_ID("moe.combine"));
   std::vector<int> slot(static_cast<size_t>(K));
   for (int64_t r = 0; r < R; ++r) {
     const int32_t* ids = ws.expert_ids.data() + r * K;

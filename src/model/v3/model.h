@@ -60,9 +60,13 @@ struct BatchItem {
 // Scratch reused across calls.
 struct Workspace final : di::Workspace {
   std::vector<BatchItem> items;  // the interface's batch as this model's items
+  ForwardObserver* observer = nullptr;  // taps the interface's forward_batch (StepCost::attach)
   std::vector<float> x, xn, qa, q, kv, q_abs, attn, tmp, logits_rows;
   std::vector<float> gate, h1, h3, expert_out, moe_y, shared, expert_w;
-  std::vector<int32_t> expert_ids, gather_rows;
+  std::vector<int32_t> expert_ids, gather_rows, expert_count;
+  std::vector<LinearJob> linear_jobs;
+  std::vector<const float*> cache_rows;  // attention: each item's cache rows of the layer
+  std::vector<int64_t> cache_rows0;
   std::vector<float> gathered, cs;
   std::vector<int64_t> row_pos;
   std::vector<int32_t> row_item;
@@ -84,6 +88,7 @@ class Model final : public di::Model {
   // Bytes of one cache page (one layer's rows of page_tokens tokens) and of all layers' pages.
   size_t page_bytes(int page_tokens) const;
   ThreadPool* thread_pool() const override { return pool_.get(); }
+  std::unique_ptr<StepCost> step_cost() const override;  // model/v3/cost.cpp
 
   // di::Model. One stream per layer, "layer<i>.latent_rope": kv_lora_rank + qk_rope_head_dim fp32.
   const ModelInfo& info() const override { return info_; }
@@ -109,6 +114,13 @@ class Model final : public di::Model {
   void attention(int layer, Ctx& c) const;
   void ffn(int layer, Ctx& c) const;
   void mlp(const MlpWeights& w, const float* x, int64_t m, int64_t inter, float* out, Workspace& ws) const;
+  struct MlpJob {
+    const MlpWeights* w;
+    const float* x;
+    int64_t m, inter;
+    float* out;  // [m][dim]
+  };
+  void mlps(std::span<const MlpJob> jobs, Workspace& ws) const;
   void moe(int layer, Ctx& c) const;
   float rd(float v) const { return mode_ == Mode::Fp32 ? v : round_bf16_(v); }
   static float round_bf16_(float v);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 
 #include "core/numerics.h"
 
@@ -47,6 +48,15 @@ void dequant_rows_scalar(const Linear& w, int64_t r0, int64_t rows, bool round, 
 // tree (ref::fast::dot_fma_lanes); BF16 weights in the kernels' pair-lane order
 // (kern::fast::linear_bf16). `pool` (null: kern::default_pool()) splits the outputs.
 void linear(Mode mode, const float* x, int64_t m, const Linear& w, float* y, ThreadPool* pool = nullptr);
+// Several FP8 (or Fp32-mode) linears in one pool job, each output tile a task: y = x . W^T per
+// job, the same bits as linear() on each. Jobs with m = 0 are skipped.
+struct LinearJob {
+  const float* x;
+  int64_t m;
+  const Linear* w;
+  float* y;
+};
+void linear_multi(Mode mode, std::span<const LinearJob> jobs, ThreadPool* pool = nullptr);
 
 // a . b in the mode's sums (Fast: fma lanes; else fp64), not rounded to bf16.
 float dot(Mode mode, const float* a, const float* b, int64_t n);

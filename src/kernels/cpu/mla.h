@@ -1,0 +1,20 @@
+// Kernels of DeepSeek-V3's absorbed MLA attention (src/model/v3): one query's attention over the
+// latent cache rows. Each has a scalar definition (ref_*) whose bits every ISA path reproduces
+// (tests/test_mla_kernels.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace di::kern::mla {
+
+// P.V over the latent: o[c] = sum over t ascending of p[t] * rows[t][c], each product rounded to
+// fp32, then added to the fp32 sum (no fused multiply-add), starting from 0; c < width.
+void pv_f32(const float* p, const float* const* rows, int64_t n, int64_t width, float* o);
+void ref_pv_f32(const float* p, const float* const* rows, int64_t n, int64_t width, float* o);
+
+// The same in fp64: o[c] = sum over t of double(p[t]) * double(rows[t][c]) (exact products, fp64 sums
+// in t order), returned in fp64.
+void pv_f64(const float* p, const float* const* rows, int64_t n, int64_t width, double* o);
+void ref_pv_f64(const float* p, const float* const* rows, int64_t n, int64_t width, double* o);
+
+}  // namespace di::kern::mla
