@@ -76,8 +76,20 @@ TEST(V3Ops, DequantUsesEachBlocksScaleIncludingEdges) {
   for (int64_t k = 0; k < 300; ++k) ASSERT_EQ(rows[size_t(k)], weight(f, 199, k, true));
 }
 
-TEST(V3Ops, LinearModesMatchTheirDefinitions) {
-  const int64_t out = 200, in = 300, m = 3;
+// Every mode, both the decode path (m <= 8, straight from the codes) and the tiled one (m > 8), on
+// every ISA; in = 300 leaves a partial 32-wide chunk and partial 128 blocks.
+class V3LinearDefinition : public ::testing::TestWithParam<std::tuple<int, kern::Isa>> {};
+
+TEST_P(V3LinearDefinition, LinearModesMatchTheirDefinitions) {
+  const auto [m_rows, isa] = GetParam();
+  if (!kern::isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << kern::isa_name(isa);
+  const kern::Isa saved = kern::active_isa();
+  kern::set_isa(isa);
+  struct Restore {
+    kern::Isa isa;
+    ~Restore() { kern::set_isa(isa); }
+  } restore{saved};
+  const int64_t out = 200, in = 300, m = m_rows;
   const Fp8 f = make_fp8(out, in, 2);
   const auto x = bf16_acts(m * in, 3);
   for (Mode mode : {Mode::Fast, Mode::Exact, Mode::Fp32}) {
@@ -85,12 +97,13 @@ TEST(V3Ops, LinearModesMatchTheirDefinitions) {
     linear(mode, x.data(), m, f.lin, y.data());
     const bool round = mode != Mode::Fp32;
     std::vector<float> wr(static_cast<size_t>(in));
+    std::vector<uint16_t> wb(static_cast<size_t>(in));
     for (int64_t i = 0; i < m; ++i)
       for (int64_t n = 0; n < out; ++n) {
-        for (int64_t k = 0; k < in; ++k) wr[size_t(k)] = weight(f, n, k, round);
+        for (int64_t k = 0; k < in; ++k) wr[size_t(k)] = weight(f, n, k, round), wb[size_t(k)] = f32_to_bf16(wr[size_t(k)]);
         float want;
         if (mode == Mode::Fast) {
-          want = round_bf16(ref::fast::dot_fma_lanes(x.data() + i * in, wr.data(), in));
+          want = round_bf16(ref::fast::dot_pair_lanes(x.data() + i * in, wb.data(), in));
         } else {
           double acc = 0;
           for (int64_t k = 0; k < in; ++k) acc += double(x[size_t(i * in + k)]) * wr[size_t(k)];
@@ -100,6 +113,9 @@ TEST(V3Ops, LinearModesMatchTheirDefinitions) {
       }
   }
 }
+INSTANTIATE_TEST_SUITE_P(RowsAndIsa, V3LinearDefinition,
+                         ::testing::Combine(::testing::Values(1, 3, 8, 11),
+                                            ::testing::Values(kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512)));
 
 TEST(V3Ops, Fp32ModeKeepsFullPrecisionWeights) {
   const Fp8 f = make_fp8(40, 64, 4);

@@ -54,7 +54,7 @@ constexpr int64_t kTile = 16;  // output rows per task (and dequantized at a tim
 
 // Few rows (decode) in the fast mode go straight from the codes, no dequantized tile.
 bool direct_fp8(Mode mode, int64_t m, const Linear& w) {
-  if (mode != Mode::Fast || m > 8 || !w.fp8 || w.bi % 16 != 0 || kern::active_isa() != kern::Isa::Avx512) return false;
+  if (mode != Mode::Fast || m > 8 || !w.fp8 || w.bi % 32 != 0 || kern::active_isa() != kern::Isa::Avx512) return false;
   for (int64_t i = 0, n = ((w.out + w.bo - 1) / w.bo) * w.scale_cols(); i < n; ++i)
     if (!(w.scale[i] < 0x1p120f)) return false;
   return true;
@@ -77,6 +77,23 @@ void linear_tiles(Mode mode, const float* x, int64_t m, const Linear& w, float* 
     return;
   }
   if (direct) return detail::linear_fp8_fast_avx512(x, m, w, y, n0, n1, round);
+  if (mode == Mode::Fast) {
+    // bf16 weights bf16(code x scale) in blocks of up to 64 rows, through the bf16 linear (pair lanes).
+    constexpr int64_t kRows = 64;
+    thread_local std::vector<float> tf, yb;
+    thread_local std::vector<uint16_t> tb;
+    tf.resize(size_t(kRows * K));
+    tb.resize(size_t(kRows * K));
+    yb.resize(size_t(m * kRows));
+    for (int64_t r0 = n0; r0 < n1; r0 += kRows) {
+      const int64_t rows = std::min(kRows, n1 - r0);
+      dequant_rows(w, r0, rows, true, tf.data());
+      for (int64_t i = 0; i < rows * K; ++i) tb[size_t(i)] = f32_to_bf16(tf[size_t(i)]);
+      kern::fast::linear_bf16(x, m, ref::Bf16Weight{tb.data(), rows, K}, yb.data(), true, nullptr);
+      for (int64_t i = 0; i < m; ++i) std::copy(yb.begin() + i * rows, yb.begin() + (i + 1) * rows, y + i * N + r0);
+    }
+    return;
+  }
   thread_local std::vector<float> tile, yt;
   tile.resize(size_t(kTile * K));
   yt.resize(size_t(m * kTile));
@@ -85,8 +102,7 @@ void linear_tiles(Mode mode, const float* x, int64_t m, const Linear& w, float* 
     dequant_rows(w, r0, rows, round, tile.data());
     const ref::F32Weight fw{tile.data(), rows, K};
     // Inside a pool job the kernels run single-threaded on this thread.
-    if (mode == Mode::Fast) kern::fast::linear_f32(x, m, fw, yt.data(), nullptr);
-    else kern::linear_f32(x, m, fw, yt.data(), nullptr);
+    kern::linear_f32(x, m, fw, yt.data(), nullptr);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t r = 0; r < rows; ++r) {
         const float v = yt[size_t(i * rows + r)];
