@@ -29,6 +29,16 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   m->w_ = bind_weights(*m->ckpt_, m->cfg_);
   m->mode_ = opts.fp32 ? Mode::Fp32 : mode_of(opts.numerics);
   if (opts.threads > 0) m->pool_ = std::make_unique<ThreadPool>(opts.threads);
+  if (opts.head_fp8 && m->w_.head.bf16) {
+    Linear& h = m->w_.head;
+    m->head_codes_.resize(size_t(h.out * h.in));
+    m->head_scales_.resize(size_t(((h.out + 127) / 128) * ((h.in + 127) / 128)));
+    quantize_fp8_blocks(h.bf16, h.out, h.in, m->head_codes_.data(), m->head_scales_.data(), m->pool_.get());
+    h.fp8 = m->head_codes_.data();
+    h.scale = m->head_scales_.data();
+    h.bf16 = nullptr;
+    h.bo = h.bi = 128;
+  }
   // kv_b dequantized once in the mode's precision (the official absorb path dequantizes it to the
   // default dtype on every call): W_UK transposed per head for q_nope' and W_UV as stored.
   {
@@ -63,7 +73,8 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   i.arch = "deepseek_v3";
   i.cache_format = "v3;fp32-rows;" + std::string(mode_name(m->mode_)) + ";vocab=" + std::to_string(c.vocab_size) +
                    ";dim=" + std::to_string(c.dim) + ";layers=" + std::to_string(c.n_layers) +
-                   ";kv_lora=" + std::to_string(c.kv_lora_rank) + ";rope=" + std::to_string(c.qk_rope_head_dim);
+                   ";kv_lora=" + std::to_string(c.kv_lora_rank) + ";rope=" + std::to_string(c.qk_rope_head_dim) +
+                   (opts.head_fp8 ? ";head=fp8" : "");
   return m;
 }
 
@@ -72,6 +83,13 @@ std::unique_ptr<di::Model> load_as_model(const std::string& model_dir, const di:
   lo.numerics = opts.numerics;
   lo.cancel = opts.cancel;
   lo.threads = opts.threads > 0 ? opts.threads : ThreadPool::default_threads();
+  for (const auto& [key, value] : opts.arch_options) {
+    if (key == "head" && (value == "bf16" || value == "fp8")) {
+      lo.head_fp8 = value == "fp8";
+    } else {
+      throw LoadError(model_dir + ": unknown DeepSeek-V3 load option " + key + "=" + value + " (known: head=bf16|fp8)");
+    }
+  }
   return Model::load(model_dir, lo);
 }
 

@@ -32,6 +32,10 @@ struct LoadOptions {
   // overrides `numerics`. For verification against the fp32 golden.
   bool fp32 = false;
   int threads = 0;  // > 0: the model's own kernel pool of that many threads; 0: the caller's default pool
+  // The BF16 lm_head quantized at load to FP8 E4M3 with one fp32 scale per 128x128 block (absmax /
+  // 448, as the release quantizes its projections): half the bytes a decode step streams for the
+  // head, at FP8's precision. Off by default (the release and the official code use the BF16 head).
+  bool head_fp8 = false;
   const std::atomic<bool>* cancel = nullptr;  // set: the load stops with LoadCancelled
 };
 
@@ -136,6 +140,8 @@ class Model final : public di::Model {
     std::vector<float> uk_t;   // [heads][kv_lora][nope]: W_UK transposed
   };
   std::vector<Absorbed> absorbed_;  // per layer
+  std::vector<uint8_t> head_codes_;  // LoadOptions::head_fp8
+  std::vector<float> head_scales_;
   std::vector<float> freqs_;
   float softmax_scale_ = 0;
 };

@@ -157,6 +157,27 @@ void linear_multi(Mode mode, std::span<const LinearJob> jobs, ThreadPool* pool) 
   else run(0, total, 0);
 }
 
+void quantize_fp8_blocks(const uint16_t* w, int64_t out, int64_t in, uint8_t* codes, float* scales, ThreadPool* pool) {
+  const int64_t so = (out + 127) / 128, si = (in + 127) / 128;
+  auto run = [&](int64_t b0, int64_t b1, int) {
+    for (int64_t bo = b0; bo < b1; ++bo) {
+      const int64_t r0 = bo * 128, r1 = std::min(out, r0 + 128);
+      for (int64_t bi = 0; bi < si; ++bi) {
+        const int64_t k0 = bi * 128, k1 = std::min(in, k0 + 128);
+        float amax = 0;
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(bf16_to_f32(w[r * in + k])));
+        const float s = amax > 0 ? amax / 448.0f : 1.0f;
+        scales[bo * si + bi] = s;
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t k = k0; k < k1; ++k) codes[r * in + k] = f32_to_e4m3(bf16_to_f32(w[r * in + k]) / s);
+      }
+    }
+  };
+  if (pool && pool->size() > 1) pool->parallel_for(so, 1, run);
+  else run(0, so, 0);
+}
+
 float dot(Mode mode, const float* a, const float* b, int64_t n) {
   if (mode == Mode::Fast)
     return kern::active_isa() == kern::Isa::Avx512 ? detail::dot_fma_lanes_avx512(a, b, n) : ref::fast::dot_fma_lanes(a, b, n);

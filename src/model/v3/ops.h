@@ -58,6 +58,10 @@ struct LinearJob {
 };
 void linear_multi(Mode mode, std::span<const LinearJob> jobs, ThreadPool* pool = nullptr);
 
+// BF16 [out, in] -> FP8 E4M3 codes + one fp32 scale per 128x128 block (partial at the edges):
+// scale = absmax / 448 (1 for an all-zero block), code = e4m3(w / scale), as the release quantizes.
+void quantize_fp8_blocks(const uint16_t* w, int64_t out, int64_t in, uint8_t* codes, float* scales, ThreadPool* pool);
+
 // a . b in the mode's sums (Fast: fma lanes; else fp64), not rounded to bf16.
 float dot(Mode mode, const float* a, const float* b, int64_t n);
 
