@@ -3,6 +3,7 @@
 // hold them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "core/dtypes.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/mla.h"
+#include "kernels/cpu/ref_ops.h"
 
 using namespace di;
 
@@ -88,5 +90,33 @@ TEST(MlaKernels, PvRoundsEachProductBeforeTheSum) {
     kern::mla::pv_f32(p, rows, 2, 16, o.data());
     for (float v : o) EXPECT_EQ(v, 0.0f) << kern::isa_name(isa);  // fused would give -2^-46
   }
+  kern::set_isa(saved);
+}
+
+// Column dot products: each output is ref::fast::dot_fma_lanes of x with one column, on every ISA,
+// for K and N around the 16-wide blocks (partial lanes, partial column blocks, a row stride > N).
+TEST(MlaKernels, ColumnDotsMatchFmaLanesOnEveryIsa) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0, 1);
+  const kern::Isa saved = kern::active_isa();
+  for (int64_t K : {1, 15, 16, 17, 128, 130})
+    for (int64_t N : {1, 16, 17, 128, 130}) {
+      const int64_t ldw = N + 3;
+      std::vector<float> x(static_cast<size_t>(K)), w(static_cast<size_t>(K * ldw)), col(static_cast<size_t>(K));
+      for (auto& v : x) v = nd(g);
+      for (auto& v : w) v = nd(g);
+      std::vector<float> want(static_cast<size_t>(N)), got(static_cast<size_t>(N));
+      for (int64_t j = 0; j < N; ++j) {
+        for (int64_t k = 0; k < K; ++k) col[size_t(k)] = w[size_t(k * ldw + j)];
+        want[size_t(j)] = ref::fast::dot_fma_lanes(x.data(), col.data(), K);
+      }
+      for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
+        if (!kern::isa_supported(isa)) continue;
+        kern::set_isa(isa);
+        std::fill(got.begin(), got.end(), -1.0f);
+        kern::mla::dot_fma_lanes_cols(x.data(), w.data(), K, N, ldw, got.data());
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), size_t(N) * 4), 0) << kern::isa_name(isa) << " K " << K << " N " << N;
+      }
+    }
   kern::set_isa(saved);
 }

@@ -17,4 +17,11 @@ void ref_pv_f32(const float* p, const float* const* rows, int64_t n, int64_t wid
 void pv_f64(const float* p, const float* const* rows, int64_t n, int64_t width, double* o);
 void ref_pv_f64(const float* p, const float* const* rows, int64_t n, int64_t width, double* o);
 
+// N dot products against the columns of a row-major [K][ldw] matrix: y[j] = sum over k of x[k] *
+// w[k * ldw + j], each in the fast mode's fma-lane order (ref::fast::dot_fma_lanes: lane k mod 16,
+// fused multiply-adds in k order, then the halving tree). The absorbed MLA's q_nope . W_UK and
+// o . W_UV^T read their weights this way.
+void dot_fma_lanes_cols(const float* x, const float* w, int64_t K, int64_t N, int64_t ldw, float* y);
+void ref_dot_fma_lanes_cols(const float* x, const float* w, int64_t K, int64_t N, int64_t ldw, float* y);
+
 }  // namespace di::kern::mla

@@ -48,11 +48,20 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
       Absorbed a;
       a.wkv_b.resize(size_t(H * per_head * kvl));
       dequant_rows(L.attn.wkv_b, 0, H * per_head, m->mode_ != Mode::Fp32, a.wkv_b.data());
-      a.uk_t.resize(size_t(H * kvl * nope));
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t d = 0; d < nope; ++d)
-          for (int64_t cc = 0; cc < kvl; ++cc)
-            a.uk_t[size_t((h * kvl + cc) * nope + d)] = a.wkv_b[size_t((h * per_head + d) * kvl + cc)];
+      const int64_t vd = c.v_head_dim;
+      if (m->mode_ == Mode::Fast) {  // the fast mode reads W_UK as stored and W_UV transposed
+        a.uv_t.resize(size_t(H * kvl * vd));
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t v = 0; v < vd; ++v)
+            for (int64_t cc = 0; cc < kvl; ++cc)
+              a.uv_t[size_t((h * kvl + cc) * vd + v)] = a.wkv_b[size_t((h * per_head + nope + v) * kvl + cc)];
+      } else {
+        a.uk_t.resize(size_t(H * kvl * nope));
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t d = 0; d < nope; ++d)
+            for (int64_t cc = 0; cc < kvl; ++cc)
+              a.uk_t[size_t((h * kvl + cc) * nope + d)] = a.wkv_b[size_t((h * per_head + d) * kvl + cc)];
+      }
       m->absorbed_.push_back(std::move(a));
       cancelled();
     }
@@ -295,6 +304,7 @@ void Model::attention(int layer, Ctx& cx) const {
   const int64_t per_head = nope + vd;
   const float* uk_t = absorbed_[size_t(layer)].uk_t.data();
   const float* wkv_b = absorbed_[size_t(layer)].wkv_b.data();
+  const float* uv_t = absorbed_[size_t(layer)].uv_t.data();
   timer.next(DI_PHASE_ID("attn.core"));
   ws.q_abs.resize(size_t(R * H * kvl));
   ws.attn.resize(size_t(R * H * vd));
@@ -320,8 +330,13 @@ void Model::attention(int layer, Ctx& cx) const {
       const float* qn = ws.q.data() + (r * H + h) * qk;
       const float* qpe = qn + nope;
       float* qa = ws.q_abs.data() + (r * H + h) * kvl;
-      const float* ukt = uk_t + h * kvl * nope;
-      for (int64_t cc = 0; cc < kvl; ++cc) qa[cc] = rd(dot(mode_, qn, ukt + cc * nope, nope));
+      if (mode_ == Mode::Fast) {
+        kern::mla::dot_fma_lanes_cols(qn, wkv_b + h * per_head * kvl, nope, kvl, kvl, qa);
+        for (int64_t cc = 0; cc < kvl; ++cc) qa[cc] = rd(qa[cc]);
+      } else {
+        const float* ukt = uk_t + h * kvl * nope;
+        for (int64_t cc = 0; cc < kvl; ++cc) qa[cc] = rd(dot(mode_, qn, ukt + cc * nope, nope));
+      }
       const int64_t n_ctx = ws.row_pos[size_t(r)] + 1;
       scores.resize(size_t(n_ctx));
       float mx = -INFINITY;
@@ -347,8 +362,13 @@ void Model::attention(int layer, Ctx& cx) const {
         kern::mla::pv_f64(scores.data(), crow, n_ctx, kvl, od.data());
         for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] = rd(float(od[size_t(cc)]));
       }
-      const float* uv = wkv_b + (h * per_head + nope) * kvl;
-      for (int64_t v = 0; v < vd; ++v) out[v] = rd(dot(mode_, o.data(), uv + v * kvl, kvl));
+      if (mode_ == Mode::Fast) {
+        kern::mla::dot_fma_lanes_cols(o.data(), uv_t + h * kvl * vd, kvl, vd, vd, out);
+        for (int64_t v = 0; v < vd; ++v) out[v] = rd(out[v]);
+      } else {
+        const float* uv = wkv_b + (h * per_head + nope) * kvl;
+        for (int64_t v = 0; v < vd; ++v) out[v] = rd(dot(mode_, o.data(), uv + v * kvl, kvl));
+      }
     }
   };
   if (pool && pool->size() > 1 && R * H > 1) pool->parallel_for(R * H, 1, run);

@@ -137,7 +137,8 @@ class Model final : public di::Model {
   Mode mode_ = Mode::Fast;
   struct Absorbed {
     std::vector<float> wkv_b;  // [heads * (nope + v)][kv_lora], dequantized (bf16 values unless fp32)
-    std::vector<float> uk_t;   // [heads][kv_lora][nope]: W_UK transposed
+    std::vector<float> uk_t;   // [heads][kv_lora][nope]: W_UK transposed (exact / fp32 modes)
+    std::vector<float> uv_t;   // [heads][kv_lora][v]: W_UV transposed (fast mode)
   };
   std::vector<Absorbed> absorbed_;  // per layer
   std::vector<uint8_t> head_codes_;  // LoadOptions::head_fp8
