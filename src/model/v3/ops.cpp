@@ -15,6 +15,7 @@ namespace detail {
 void dequant_fp8_rows_avx512(const Linear& w, int64_t r0, int64_t rows, bool round, float* out);
 float dot_fma_lanes_avx512(const float* a, const float* b, int64_t K);
 void linear_fp8_fast_avx512(const float* x, int64_t m, const Linear& w, float* y, int64_t n0, int64_t n1, bool round);
+void bf16_bits_avx512(const float* x, int64_t n, uint16_t* out);
 }
 
 const char* mode_name(Mode m) { return m == Mode::Fast ? "fast" : m == Mode::Exact ? "exact" : "fp32"; }
@@ -88,7 +89,9 @@ void linear_tiles(Mode mode, const float* x, int64_t m, const Linear& w, float* 
     for (int64_t r0 = n0; r0 < n1; r0 += kRows) {
       const int64_t rows = std::min(kRows, n1 - r0);
       dequant_rows(w, r0, rows, true, tf.data());
-      for (int64_t i = 0; i < rows * K; ++i) tb[size_t(i)] = f32_to_bf16(tf[size_t(i)]);
+      if (kern::active_isa() == kern::Isa::Avx512) detail::bf16_bits_avx512(tf.data(), rows * K, tb.data());
+      else
+        for (int64_t i = 0; i < rows * K; ++i) tb[size_t(i)] = f32_to_bf16(tf[size_t(i)]);
       kern::fast::linear_bf16(x, m, ref::Bf16Weight{tb.data(), rows, K}, yb.data(), true, nullptr);
       for (int64_t i = 0; i < m; ++i) std::copy(yb.begin() + i * rows, yb.begin() + (i + 1) * rows, y + i * N + r0);
     }

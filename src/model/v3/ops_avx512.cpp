@@ -119,6 +119,15 @@ void linear_fp8_fast_avx512(const float* x, int64_t m, const Linear& w, float* y
   }
 }
 
+// The upper halves of n bf16-valued floats (their exact bf16 bits).
+void bf16_bits_avx512(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(x + i)), 16)));
+  for (; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+}
+
 float dot_fma_lanes_avx512(const float* a, const float* b, int64_t K) {
   __m512 acc = _mm512_setzero_ps();
   int64_t k = 0;
