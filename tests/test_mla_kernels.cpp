@@ -120,3 +120,33 @@ TEST(MlaKernels, ColumnDotsMatchFmaLanesOnEveryIsa) {
     }
   kern::set_isa(saved);
 }
+
+// Scores against scattered rows: each is ref::fast::dot_fma_lanes, on every ISA, for row counts
+// around the 16-row blocks and K with partial lanes (the rope part starts at an offset).
+TEST(MlaKernels, RowDotsMatchFmaLanesOnEveryIsa) {
+  std::mt19937 g(6);
+  std::normal_distribution<float> nd(0, 1);
+  const kern::Isa saved = kern::active_isa();
+  for (int64_t n : {1, 5, 16, 17, 33, 70})
+    for (int64_t K : {1, 15, 16, 17, 64, 512, 520}) {
+      const int64_t offset = 7;
+      std::vector<std::vector<float>> store;
+      std::vector<const float*> rows;
+      for (int64_t t = 0; t < n; ++t) {
+        store.emplace_back(static_cast<size_t>(K + offset));
+        for (auto& v : store.back()) v = nd(g);
+      }
+      for (int64_t t = 0; t < n; ++t) rows.push_back(store[size_t((t * 7) % n)].data());
+      std::vector<float> q(static_cast<size_t>(K)), want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+      for (auto& v : q) v = nd(g);
+      for (int64_t t = 0; t < n; ++t) want[size_t(t)] = ref::fast::dot_fma_lanes(q.data(), rows[size_t(t)] + offset, K);
+      for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
+        if (!kern::isa_supported(isa)) continue;
+        kern::set_isa(isa);
+        std::fill(got.begin(), got.end(), -1.0f);
+        kern::mla::dot_fma_lanes_rows(q.data(), rows.data(), offset, K, n, got.data());
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), size_t(n) * 4), 0) << kern::isa_name(isa) << " n " << n << " K " << K;
+      }
+    }
+  kern::set_isa(saved);
+}

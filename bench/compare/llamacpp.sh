@@ -2,7 +2,9 @@
 # DeepSeek-V3 speed against llama.cpp on the same weights (docs/performance.md, "DeepSeek-V3
 # against llama.cpp"): deepinfer on the FP8 checkpoint of `make-tiny --arch v3 --size small`
 # (about 1 B parameters, real V3 attention sizes), llama.cpp on a Q8_0 GGUF of the same weights
-# (the anchor's converter), 2 threads each, interleaved A B A B in one sitting:
+# (the anchor's converter), 2 threads each, interleaved A B C A B C in one sitting (A: deepinfer
+# with the release's BF16 lm_head; B: llama.cpp; C: deepinfer with --load-option head=fp8, the
+# head quantized at load like the other projections: about the bytes per weight of Q8_0):
 #   pp512, tg128 (batch 1, depth 0) and decode at batch 8 (deepinfer: 8 sequences x 32 steps;
 #   llama.cpp: llama-batched-bench, 8 sequences of 1 prompt token + 32 generated).
 # deepinfer bench measures the read bandwidth of the sitting; the load average is recorded
@@ -56,6 +58,9 @@ for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r: llama-batched-bench" >&2
   timed "lbb-$r" "$LBB" -m "$GGUF" -t 2 -c 2048 -b 2048 -ub 512 -npp 1 -ntg 32 -npl 8 --output-format jsonl \
     >"$W/lbb-$r.jsonl" 2>/dev/null
+  echo "== round $r: deepinfer, head=fp8" >&2
+  timed "dq-$r" "$DI" bench --model "$MODEL" --load-option head=fp8 -p 512 -n 128 -b 8 --batch-steps 32 -r "$REPS" -t 2 -q \
+    -o "$W/dq-$r.json" >/dev/null
 done
 
 /usr/bin/python3 - "$W" "$ROUNDS" "$OUT" "$(git -C "$ROOT" rev-parse --short HEAD)" "$MODEL" "$GGUF" <<'EOF'
@@ -64,18 +69,22 @@ w, rounds, out, commit, model, gguf = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def load(p): return json.load(open(p))
 rows, rec = [], {"date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit,
                  "model": model, "gguf": gguf, "threads": 2, "rounds": []}
-for r in range(1, rounds + 1):
-    di = load(f"{w}/di-{r}.json")
+def ours(name, r):
+    di = load(f"{w}/{name}-{r}.json")
     t = {x["name"]: x for x in di["tests"]}
+    return {"pp512": t["pp512"]["tokens_per_s"]["median"], "tg128": t["tg128"]["tokens_per_s"]["median"],
+            "b8": t["tg32 B8"]["tokens_per_s"]["median"], "read_gbs": di["roofline_inputs"]["read_gbs"],
+            "roofline_eff": {k: t[k]["roofline"]["ratio"] for k in ("pp512", "tg128", "tg32 B8")},
+            "load": load(f"{w}/{name}-{r}.load.json")["load"], **load(f"{w}/{name}-{r}.time.json")}, di
+for r in range(1, rounds + 1):
     lb = load(f"{w}/lb-{r}.json")
     lbt = {("pp" if x["n_prompt"] else "tg") + str(x["n_prompt"] or x["n_gen"]): x for x in lb}
     lbb = [json.loads(l) for l in open(f"{w}/lbb-{r}.jsonl") if l.strip().startswith("{")][-1]
+    a, di = ours("di", r)
+    c, dq = ours("dq", r)
     one = {
-        "deepinfer": {"pp512": t["pp512"]["tokens_per_s"]["median"], "tg128": t["tg128"]["tokens_per_s"]["median"],
-                      "b8": t["tg32 B8"]["tokens_per_s"]["median"],
-                      "read_gbs": di["roofline_inputs"]["read_gbs"],
-                      "roofline_eff": {k: t[k]["roofline"]["ratio"] for k in ("pp512", "tg128", "tg32 B8")},
-                      "load": load(f"{w}/di-{r}.load.json")["load"], **load(f"{w}/di-{r}.time.json")},
+        "deepinfer": a,
+        "deepinfer_fp8_head": c,
         "llama_cpp": {"pp512": lbt["pp512"]["avg_ts"], "tg128": lbt["tg128"]["avg_ts"], "b8": lbb["speed_tg"],
                       "pp512_samples": lbt["pp512"]["samples_ts"], "tg128_samples": lbt["tg128"]["samples_ts"],
                       "flash_attn": lbt["pp512"].get("flash_attn"), "type_k": lbt["pp512"].get("type_k"),
@@ -83,17 +92,21 @@ for r in range(1, rounds + 1):
                       "batched": {"load": load(f"{w}/lbb-{r}.load.json")["load"], **load(f"{w}/lbb-{r}.time.json"),
                                   "raw": lbb}},
         "deepinfer_raw": di,
+        "deepinfer_fp8_head_raw": dq,
         "llama_bench_raw": lb,
     }
     rec["rounds"].append(one)
 json.dump(rec, open(out, "w"), indent=1)
-print(f"| round | read GB/s | test | deepinfer t/s | llama.cpp t/s | ratio | load (di / llama) |")
-print("|---|---|---|---|---|---|---|")
+print("| round | read GB/s (A, C) | test | A deepinfer t/s | B llama.cpp t/s | C deepinfer head=fp8 t/s | A/B | C/B | load 1 min (A / B / C) |")
+print("|---|---|---|---|---|---|---|---|---|")
 for i, one in enumerate(rec["rounds"], 1):
-    d, l = one["deepinfer"], one["llama_cpp"]
+    d, l, q = one["deepinfer"], one["llama_cpp"], one["deepinfer_fp8_head"]
     for k, name in (("pp512", "pp512"), ("tg128", "tg128"), ("b8", "decode B8")):
-        print(f"| {i} | {d['read_gbs']:.1f} | {name} | {d[k]:.1f} | {l[k]:.1f} | {d[k] / l[k]:.2f} | {d['load']} / {l['load']} |")
+        print(f"| {i} | {d['read_gbs']:.1f}, {q['read_gbs']:.1f} | {name} | {d[k]:.1f} | {l[k]:.1f} | {q[k]:.1f} | "
+              f"{d[k] / l[k]:.2f} | {q[k] / l[k]:.2f} | {d['load'].split()[0]} / {l['load'].split()[0]} / {q['load'].split()[0]} |")
 med = lambda k, who: statistics.median(o[who][k] for o in rec["rounds"])
-print(f"median over rounds: " + ", ".join(f"{k} {med(k, 'deepinfer'):.1f} vs {med(k, 'llama_cpp'):.1f} ({med(k, 'deepinfer') / med(k, 'llama_cpp'):.2f}x)" for k in ("pp512", "tg128", "b8")))
+for who in ("deepinfer", "deepinfer_fp8_head"):
+    print(f"median over rounds, {who} vs llama.cpp: " + ", ".join(
+        f"{k} {med(k, who):.1f} vs {med(k, 'llama_cpp'):.1f} ({med(k, who) / med(k, 'llama_cpp'):.2f}x)" for k in ("pp512", "tg128", "b8")))
 print("wrote", out)
 EOF

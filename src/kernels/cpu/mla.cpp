@@ -11,6 +11,7 @@ namespace detail {
 void pv_f32_avx512(const float* p, const float* const* rows, int64_t n, int64_t width, float* o);
 void pv_f64_avx512(const float* p, const float* const* rows, int64_t n, int64_t width, double* o);
 void dot_fma_lanes_cols_avx512(const float* x, const float* w, int64_t K, int64_t N, int64_t ldw, float* y);
+void dot_fma_lanes_rows_avx512(const float* q, const float* const* rows, int64_t offset, int64_t K, int64_t n, float* s);
 }  // namespace detail
 
 void ref_pv_f32(const float* p, const float* const* rows, int64_t n, int64_t width, float* o) {
@@ -54,6 +55,15 @@ void ref_dot_fma_lanes_cols(const float* x, const float* w, int64_t K, int64_t N
 void dot_fma_lanes_cols(const float* x, const float* w, int64_t K, int64_t N, int64_t ldw, float* y) {
   if (active_isa() == Isa::Avx512) return detail::dot_fma_lanes_cols_avx512(x, w, K, N, ldw, y);
   ref_dot_fma_lanes_cols(x, w, K, N, ldw, y);
+}
+
+void ref_dot_fma_lanes_rows(const float* q, const float* const* rows, int64_t offset, int64_t K, int64_t n, float* s) {
+  for (int64_t t = 0; t < n; ++t) s[t] = ref::fast::dot_fma_lanes(q, rows[t] + offset, K);
+}
+
+void dot_fma_lanes_rows(const float* q, const float* const* rows, int64_t offset, int64_t K, int64_t n, float* s) {
+  if (active_isa() == Isa::Avx512) return detail::dot_fma_lanes_rows_avx512(q, rows, offset, K, n, s);
+  ref_dot_fma_lanes_rows(q, rows, offset, K, n, s);
 }
 
 }  // namespace di::kern::mla

@@ -24,4 +24,9 @@ void ref_pv_f64(const float* p, const float* const* rows, int64_t n, int64_t wid
 void dot_fma_lanes_cols(const float* x, const float* w, int64_t K, int64_t N, int64_t ldw, float* y);
 void ref_dot_fma_lanes_cols(const float* x, const float* w, int64_t K, int64_t N, int64_t ldw, float* y);
 
+// Scores of one query against n cache rows: s[t] = dot(q, rows[t] + offset, K) in the fast mode's
+// fma-lane order (ref::fast::dot_fma_lanes), for t < n.
+void dot_fma_lanes_rows(const float* q, const float* const* rows, int64_t offset, int64_t K, int64_t n, float* s);
+void ref_dot_fma_lanes_rows(const float* q, const float* const* rows, int64_t offset, int64_t K, int64_t n, float* s);
+
 }  // namespace di::kern::mla

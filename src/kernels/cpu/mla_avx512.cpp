@@ -73,4 +73,46 @@ void dot_fma_lanes_cols_avx512(const float* x, const float* w, int64_t K, int64_
   }
 }
 
+namespace {
+// The halving tree of 16 registers at once: lane l of the result is the tree of register
+// (4 (l % 4) + l / 4)'s lanes, with the definition's pairings (v8[i] = v[i] + v[i + 8], v4[i] =
+// v8[i] + v8[i + 4], (v4[0] + v4[2]) + (v4[1] + v4[3])).
+inline __m512 halving16x16(const __m512* a) {
+  __m512 b[8], c[4], d[2];
+  for (int p = 0; p < 8; ++p)
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44), _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
+  for (int q = 0; q < 4; ++q)
+    c[q] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * q], b[2 * q + 1], 0x88), _mm512_shuffle_f32x4(b[2 * q], b[2 * q + 1], 0xDD));
+  for (int r = 0; r < 2; ++r)
+    d[r] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * r], c[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(c[2 * r], c[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+}  // namespace
+
+// 16 rows at a time, one register of 16 lanes per row, reduced together by halving16x16.
+void dot_fma_lanes_rows_avx512(const float* q, const float* const* rows, int64_t offset, int64_t K, int64_t n, float* s) {
+  const int64_t full = K / 16 * 16;
+  const __mmask16 tail = __mmask16((1u << (K - full)) - 1);
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t cnt = std::min<int64_t>(16, n - t0);
+    __m512 acc[16];
+    const float* r[16];
+    for (int j = 0; j < 16; ++j) {
+      acc[j] = _mm512_setzero_ps();
+      r[4 * (j & 3) + (j >> 2)] = rows[t0 + std::min<int64_t>(j, cnt - 1)] + offset;  // key j -> register 4 (j % 4) + j / 4
+    }
+    for (int64_t k = 0; k < full; k += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + k);
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[j] + k), acc[j]);
+    }
+    if (tail) {  // lanes past K keep their sums
+      const __m512 qv = _mm512_maskz_loadu_ps(tail, q + full);
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_mask3_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[j] + full), acc[j], tail);
+    }
+    const __m512 v = halving16x16(acc);
+    _mm512_mask_storeu_ps(s + t0, __mmask16(cnt >= 16 ? 0xffff : (1u << cnt) - 1), v);
+  }
+}
+
 }  // namespace di::kern::mla::detail

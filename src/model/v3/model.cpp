@@ -320,7 +320,7 @@ void Model::attention(int layer, Ctx& cx) const {
   }
   ThreadPool* pool = kern::default_pool();
   auto run = [&](int64_t b, int64_t e, int) {
-    thread_local std::vector<float> scores, o;
+    thread_local std::vector<float> scores, s_pe, o;
     thread_local std::vector<double> od;
     o.resize(size_t(kvl));
     od.resize(size_t(kvl));
@@ -340,12 +340,23 @@ void Model::attention(int layer, Ctx& cx) const {
       const int64_t n_ctx = ws.row_pos[size_t(r)] + 1;
       scores.resize(size_t(n_ctx));
       float mx = -INFINITY;
-      for (int64_t t = 0; t < n_ctx; ++t) {
-        const float* row = crow[t];
-        const float s1 = rd(dot(mode_, qa, row, kvl)), s2 = rd(dot(mode_, qpe, row + kvl, rope_d));
-        const float s = rd(rd(s1 + s2) * softmax_scale_);
-        scores[size_t(t)] = s;
-        mx = std::max(mx, s);
+      if (mode_ == Mode::Fast) {
+        s_pe.resize(size_t(n_ctx));
+        kern::mla::dot_fma_lanes_rows(qa, crow, 0, kvl, n_ctx, scores.data());
+        kern::mla::dot_fma_lanes_rows(qpe, crow, kvl, rope_d, n_ctx, s_pe.data());
+        for (int64_t t = 0; t < n_ctx; ++t) {
+          const float s = rd(rd(rd(scores[size_t(t)]) + rd(s_pe[size_t(t)])) * softmax_scale_);
+          scores[size_t(t)] = s;
+          mx = std::max(mx, s);
+        }
+      } else {
+        for (int64_t t = 0; t < n_ctx; ++t) {
+          const float* row = crow[t];
+          const float s1 = rd(dot(mode_, qa, row, kvl)), s2 = rd(dot(mode_, qpe, row + kvl, rope_d));
+          const float s = rd(rd(s1 + s2) * softmax_scale_);
+          scores[size_t(t)] = s;
+          mx = std::max(mx, s);
+        }
       }
       float* out = ws.attn.data() + (r * H + h) * vd;
       if (mode_ == Mode::Fast) {
