@@ -76,30 +76,45 @@ TEST(V3Ops, DequantUsesEachBlocksScaleIncludingEdges) {
   for (int64_t k = 0; k < 300; ++k) ASSERT_EQ(rows[size_t(k)], weight(f, 199, k, true));
 }
 
-TEST(V3Ops, LinearModesMatchTheirDefinitions) {
-  const int64_t out = 200, in = 300, m = 3;
+// Every mode, both the decode path (m <= 8, straight from the codes) and the tiled one (m > 8), on
+// every ISA; in = 300 leaves a partial 32-wide chunk and partial 128 blocks.
+class V3LinearDefinition : public ::testing::TestWithParam<int> {};
+
+TEST_P(V3LinearDefinition, LinearModesMatchTheirDefinitions) {
+  const kern::Isa saved = kern::active_isa();
+  struct Restore {
+    kern::Isa isa;
+    ~Restore() { kern::set_isa(isa); }
+  } restore{saved};
+  const int64_t out = 200, in = 300, m = GetParam();
   const Fp8 f = make_fp8(out, in, 2);
   const auto x = bf16_acts(m * in, 3);
-  for (Mode mode : {Mode::Fast, Mode::Exact, Mode::Fp32}) {
-    std::vector<float> y(size_t(m * out));
-    linear(mode, x.data(), m, f.lin, y.data());
-    const bool round = mode != Mode::Fp32;
-    std::vector<float> wr(static_cast<size_t>(in));
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t n = 0; n < out; ++n) {
-        for (int64_t k = 0; k < in; ++k) wr[size_t(k)] = weight(f, n, k, round);
-        float want;
-        if (mode == Mode::Fast) {
-          want = round_bf16(ref::fast::dot_fma_lanes(x.data() + i * in, wr.data(), in));
-        } else {
-          double acc = 0;
-          for (int64_t k = 0; k < in; ++k) acc += double(x[size_t(i * in + k)]) * wr[size_t(k)];
-          want = round ? round_bf16(float(acc)) : float(acc);
+  for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
+    if (!kern::isa_supported(isa)) continue;  // the scalar path always runs
+    kern::set_isa(isa);
+    for (Mode mode : {Mode::Fast, Mode::Exact, Mode::Fp32}) {
+      std::vector<float> y(size_t(m * out));
+      linear(mode, x.data(), m, f.lin, y.data());
+      const bool round = mode != Mode::Fp32;
+      std::vector<float> wr(static_cast<size_t>(in));
+      std::vector<uint16_t> wb(static_cast<size_t>(in));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t n = 0; n < out; ++n) {
+          for (int64_t k = 0; k < in; ++k) wr[size_t(k)] = weight(f, n, k, round), wb[size_t(k)] = f32_to_bf16(wr[size_t(k)]);
+          float want;
+          if (mode == Mode::Fast) {
+            want = round_bf16(ref::fast::dot_pair_lanes(x.data() + i * in, wb.data(), in));
+          } else {
+            double acc = 0;
+            for (int64_t k = 0; k < in; ++k) acc += double(x[size_t(i * in + k)]) * wr[size_t(k)];
+            want = round ? round_bf16(float(acc)) : float(acc);
+          }
+          ASSERT_EQ(y[size_t(i * out + n)], want) << kern::isa_name(isa) << " " << mode_name(mode) << " row " << i << " out " << n;
         }
-        ASSERT_EQ(y[size_t(i * out + n)], want) << mode_name(mode) << " row " << i << " out " << n;
-      }
+    }
   }
 }
+INSTANTIATE_TEST_SUITE_P(Rows, V3LinearDefinition, ::testing::Values(1, 3, 8, 11));
 
 TEST(V3Ops, Fp32ModeKeepsFullPrecisionWeights) {
   const Fp8 f = make_fp8(40, 64, 4);

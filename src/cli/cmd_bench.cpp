@@ -80,6 +80,7 @@ struct ModelArgs {
   std::string model_dir, size;
   uint64_t gen_seed = 0;
   std::string isa, numerics;
+  std::vector<std::string> load_options;
   std::string output;
   bool json = false, quiet = false;
   bench::ModelBenchOptions opts;
@@ -95,6 +96,7 @@ void run_model(const ModelArgs& a) {
   const std::string dir = a.model_dir.empty() ? ensure_generated(size, a.gen_seed) : a.model_dir;
   LoadOptions lo;
   lo.numerics = resolve_numerics(a.numerics);
+  lo.arch_options = parse_load_options(a.load_options);
   lo.threads = a.opts.threads;  // the model's own pool: the bench accounts its threads' time
   auto model = load_model(dir, lo);
   bench::BenchedModel info;
@@ -112,6 +114,7 @@ void run_model(const ModelArgs& a) {
   r.command = command_line();
   nlohmann::json j = bench::report_json(r);
   j["numerics"] = numerics_name(model->info().numerics);
+  if (!lo.arch_options.empty()) j["load_options"] = lo.arch_options;
   if (!a.output.empty()) {
     std::ofstream f(a.output);
     if (!f) throw std::runtime_error(a.output + ": cannot write");
@@ -272,6 +275,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--bw-passes", m->opts.bandwidth_passes, "bandwidth passes (median)")->capture_default_str();
   cmd->add_option("--isa", m->isa, "force the kernel ISA")->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   cmd->add_option("--numerics", m->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
+  cmd->add_option("--load-option", m->load_options, kLoadOptionHelp);
   cmd->add_flag("--json", m->json, "print the JSON report instead of the table");
   cmd->add_option("-o,--output", m->output, "also write the JSON report to this file");
   cmd->add_flag("-q,--quiet", m->quiet, "no progress lines");

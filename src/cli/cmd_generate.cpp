@@ -21,6 +21,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model_dir, tokenizer, prompt, prompt_ids, dump_logits, numerics;
+  std::vector<std::string> load_options;
   int max_tokens = 32;
   int threads = 0;
   float temperature = 0.f;
@@ -57,6 +58,7 @@ void run(const GenerateArgs& a) {
   LoadOptions lo;
   lo.tokenizer_path = a.tokenizer;
   lo.threads = a.threads;
+  lo.arch_options = parse_load_options(a.load_options);
   if (a.reference_quirk) lo.arch_options["index_key_policy"] = "reference";
   lo.numerics = resolve_numerics(a.numerics);
   const auto t_load = std::chrono::steady_clock::now();
@@ -168,6 +170,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--threads", args->threads, "Kernel threads (default: all cores)");
   c->add_flag("--no-bos", args->no_bos, "Do not prepend BOS to --prompt");
   c->add_option("--numerics", args->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
+  c->add_option("--load-option", args->load_options, kLoadOptionHelp);
   c->callback([args] { run(*args); });
 }
 

@@ -8,8 +8,10 @@
 #include <stdexcept>
 
 #include "core/dtypes.h"
+#include "core/phase_profile.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/mla.h"
 
 namespace di::v3 {
 
@@ -27,6 +29,16 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   m->w_ = bind_weights(*m->ckpt_, m->cfg_);
   m->mode_ = opts.fp32 ? Mode::Fp32 : mode_of(opts.numerics);
   if (opts.threads > 0) m->pool_ = std::make_unique<ThreadPool>(opts.threads);
+  if (opts.head_fp8 && m->w_.head.bf16) {
+    Linear& h = m->w_.head;
+    m->head_codes_.resize(size_t(h.out * h.in));
+    m->head_scales_.resize(size_t(((h.out + 127) / 128) * ((h.in + 127) / 128)));
+    quantize_fp8_blocks(h.bf16, h.out, h.in, m->head_codes_.data(), m->head_scales_.data(), m->pool_.get());
+    h.fp8 = m->head_codes_.data();
+    h.scale = m->head_scales_.data();
+    h.bf16 = nullptr;
+    h.bo = h.bi = 128;
+  }
   // kv_b dequantized once in the mode's precision (the official absorb path dequantizes it to the
   // default dtype on every call): W_UK transposed per head for q_nope' and W_UV as stored.
   {
@@ -36,11 +48,20 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
       Absorbed a;
       a.wkv_b.resize(size_t(H * per_head * kvl));
       dequant_rows(L.attn.wkv_b, 0, H * per_head, m->mode_ != Mode::Fp32, a.wkv_b.data());
-      a.uk_t.resize(size_t(H * kvl * nope));
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t d = 0; d < nope; ++d)
-          for (int64_t cc = 0; cc < kvl; ++cc)
-            a.uk_t[size_t((h * kvl + cc) * nope + d)] = a.wkv_b[size_t((h * per_head + d) * kvl + cc)];
+      const int64_t vd = c.v_head_dim;
+      if (m->mode_ == Mode::Fast) {  // the fast mode reads W_UK as stored and W_UV transposed
+        a.uv_t.resize(size_t(H * kvl * vd));
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t v = 0; v < vd; ++v)
+            for (int64_t cc = 0; cc < kvl; ++cc)
+              a.uv_t[size_t((h * kvl + cc) * vd + v)] = a.wkv_b[size_t((h * per_head + nope + v) * kvl + cc)];
+      } else {
+        a.uk_t.resize(size_t(H * kvl * nope));
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t d = 0; d < nope; ++d)
+            for (int64_t cc = 0; cc < kvl; ++cc)
+              a.uk_t[size_t((h * kvl + cc) * nope + d)] = a.wkv_b[size_t((h * per_head + d) * kvl + cc)];
+      }
       m->absorbed_.push_back(std::move(a));
       cancelled();
     }
@@ -61,7 +82,8 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   i.arch = "deepseek_v3";
   i.cache_format = "v3;fp32-rows;" + std::string(mode_name(m->mode_)) + ";vocab=" + std::to_string(c.vocab_size) +
                    ";dim=" + std::to_string(c.dim) + ";layers=" + std::to_string(c.n_layers) +
-                   ";kv_lora=" + std::to_string(c.kv_lora_rank) + ";rope=" + std::to_string(c.qk_rope_head_dim);
+                   ";kv_lora=" + std::to_string(c.kv_lora_rank) + ";rope=" + std::to_string(c.qk_rope_head_dim) +
+                   (opts.head_fp8 ? ";head=fp8" : "");
   return m;
 }
 
@@ -70,6 +92,13 @@ std::unique_ptr<di::Model> load_as_model(const std::string& model_dir, const di:
   lo.numerics = opts.numerics;
   lo.cancel = opts.cancel;
   lo.threads = opts.threads > 0 ? opts.threads : ThreadPool::default_threads();
+  for (const auto& [key, value] : opts.arch_options) {
+    if (key == "head" && (value == "bf16" || value == "fp8")) {
+      lo.head_fp8 = value == "fp8";
+    } else {
+      throw LoadError(model_dir + ": unknown DeepSeek-V3 load option " + key + "=" + value + " (known: head=bf16|fp8)");
+    }
+  }
   return Model::load(model_dir, lo);
 }
 
@@ -97,7 +126,7 @@ void Model::forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) con
     if (!it.state) throw std::invalid_argument("forward: batch item without a state");
     w.items.push_back({&own_state(it.state), it.tokens, it.all_logits, it.logits});
   }
-  forward_batch(w.items, ForwardOptions{}, w);
+  forward_batch(w.items, ForwardOptions{false, w.observer}, w);
 }
 
 void Model::resume(di::SequenceState& state, di::Workspace& ws) const {
@@ -159,6 +188,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
       throw CacheExhausted("KV cache pool exhausted: the step needs " + std::to_string(bytes) + " bytes, " +
                            std::to_string(p->free_bytes()) + " free");
 
+  phase::Scope timer(DI_PHASE_ID("embed, rope tables"));
   Ctx cx;
   cx.items = items;
   cx.opts = &opts;
@@ -187,6 +217,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
     }
   }
 
+  timer.end();
   try {
     for (int L = 0; L < c.n_layers; ++L) {
       attention(L, cx);
@@ -199,6 +230,7 @@ void Model::forward_batch(std::span<BatchItem> items, const ForwardOptions& opts
   }
 
   // Final norm and head on the rows whose logits are wanted.
+  DI_PHASE("head");
   std::vector<int64_t> out_rows;
   for (size_t i = 0; i < items.size(); ++i) {
     const int64_t n = int64_t(items[i].tokens.size());
@@ -231,25 +263,28 @@ void Model::attention(int layer, Ctx& cx) const {
   Workspace& ws = *cx.ws;
   const int64_t R = cx.R, H = c.n_heads, nope = c.qk_nope_head_dim, rope_d = c.qk_rope_head_dim, qk = c.qk_head_dim(),
                 kvl = c.kv_lora_rank, vd = c.v_head_dim, width = kvl + rope_d;
+  phase::Scope timer(DI_PHASE_ID("attn.projections"));
   ws.xn.resize(size_t(R * c.dim));
   for (int64_t r = 0; r < R; ++r)
     rms_norm(mode_, ws.x.data() + r * c.dim, w_.layers[size_t(layer)].attn_norm.p, c.dim, c.rms_norm_eps,
              ws.xn.data() + r * c.dim);
   ws.q.resize(size_t(R * H * qk));
+  ws.kv.resize(size_t(R * width));
   if (c.q_lora_rank > 0) {
     ws.qa.resize(size_t(R * c.q_lora_rank));
     ws.tmp.resize(size_t(R * c.q_lora_rank));
-    linear(mode_, ws.xn.data(), R, a.wq_a, ws.tmp.data());
+    const LinearJob jobs[2] = {{ws.xn.data(), R, &a.wq_a, ws.tmp.data()}, {ws.xn.data(), R, &a.wkv_a, ws.kv.data()}};
+    linear_multi(mode_, jobs);
     for (int64_t r = 0; r < R; ++r)
       rms_norm(mode_, ws.tmp.data() + r * c.q_lora_rank, a.q_norm.p, c.q_lora_rank, c.rms_norm_eps,
                ws.qa.data() + r * c.q_lora_rank);
     linear(mode_, ws.qa.data(), R, a.wq_b, ws.q.data());
   } else {
-    linear(mode_, ws.xn.data(), R, a.wq, ws.q.data());
+    const LinearJob jobs[2] = {{ws.xn.data(), R, &a.wq, ws.q.data()}, {ws.xn.data(), R, &a.wkv_a, ws.kv.data()}};
+    linear_multi(mode_, jobs);
   }
-  ws.kv.resize(size_t(R * width));
-  linear(mode_, ws.xn.data(), R, a.wkv_a, ws.kv.data());
   const bool round = mode_ != Mode::Fp32;
+  timer.next(DI_PHASE_ID("attn.rope, cache"));
   // RoPE on q_pe; the cache rows: kv_norm(latent) and rope(k_pe).
   for (size_t i = 0; i < cx.items.size(); ++i) {
     kvcache::RowCache& cache = cx.items[i].state->caches()[size_t(layer)];
@@ -269,73 +304,120 @@ void Model::attention(int layer, Ctx& cx) const {
   const int64_t per_head = nope + vd;
   const float* uk_t = absorbed_[size_t(layer)].uk_t.data();
   const float* wkv_b = absorbed_[size_t(layer)].wkv_b.data();
+  const float* uv_t = absorbed_[size_t(layer)].uv_t.data();
+  timer.next(DI_PHASE_ID("attn.core"));
   ws.q_abs.resize(size_t(R * H * kvl));
   ws.attn.resize(size_t(R * H * vd));
+  // Each item's cache rows, by position.
+  std::vector<const float*>& rows = ws.cache_rows;
+  std::vector<int64_t>& rows0 = ws.cache_rows0;
+  rows.clear();
+  rows0.clear();
+  for (size_t i = 0; i < cx.items.size(); ++i) {
+    const kvcache::RowCache& cache = cx.items[i].state->caches()[size_t(layer)];
+    rows0.push_back(int64_t(rows.size()));
+    for (int64_t t = 0; t < cache.size(); ++t) rows.push_back(cache.row<float>(t));
+  }
   ThreadPool* pool = kern::default_pool();
   auto run = [&](int64_t b, int64_t e, int) {
-    thread_local std::vector<float> scores, o;
+    thread_local std::vector<float> scores, s_pe, o;
     thread_local std::vector<double> od;
     o.resize(size_t(kvl));
+    od.resize(size_t(kvl));
     for (int64_t rh = b; rh < e; ++rh) {
       const int64_t r = rh / H, h = rh % H;
-      const BatchItem& it = cx.items[size_t(ws.row_item[size_t(r)])];
-      const kvcache::RowCache& cache = it.state->caches()[size_t(layer)];
+      const float* const* crow = rows.data() + rows0[size_t(ws.row_item[size_t(r)])];
       const float* qn = ws.q.data() + (r * H + h) * qk;
       const float* qpe = qn + nope;
       float* qa = ws.q_abs.data() + (r * H + h) * kvl;
-      const float* ukt = uk_t + h * kvl * nope;
-      for (int64_t cc = 0; cc < kvl; ++cc) qa[cc] = rd(dot(mode_, qn, ukt + cc * nope, nope));
+      if (mode_ == Mode::Fast) {
+        kern::mla::dot_fma_lanes_cols(qn, wkv_b + h * per_head * kvl, nope, kvl, kvl, qa);
+        for (int64_t cc = 0; cc < kvl; ++cc) qa[cc] = rd(qa[cc]);
+      } else {
+        const float* ukt = uk_t + h * kvl * nope;
+        for (int64_t cc = 0; cc < kvl; ++cc) qa[cc] = rd(dot(mode_, qn, ukt + cc * nope, nope));
+      }
       const int64_t n_ctx = ws.row_pos[size_t(r)] + 1;
       scores.resize(size_t(n_ctx));
       float mx = -INFINITY;
-      for (int64_t t = 0; t < n_ctx; ++t) {
-        const float* row = cache.row<float>(t);
-        const float s1 = rd(dot(mode_, qa, row, kvl)), s2 = rd(dot(mode_, qpe, row + kvl, rope_d));
-        const float s = rd(rd(s1 + s2) * softmax_scale_);
-        scores[size_t(t)] = s;
-        mx = std::max(mx, s);
+      if (mode_ == Mode::Fast) {
+        s_pe.resize(size_t(n_ctx));
+        kern::mla::dot_fma_lanes_rows(qa, crow, 0, kvl, n_ctx, scores.data());
+        kern::mla::dot_fma_lanes_rows(qpe, crow, kvl, rope_d, n_ctx, s_pe.data());
+        for (int64_t t = 0; t < n_ctx; ++t) {
+          const float s = rd(rd(rd(scores[size_t(t)]) + rd(s_pe[size_t(t)])) * softmax_scale_);
+          scores[size_t(t)] = s;
+          mx = std::max(mx, s);
+        }
+      } else {
+        for (int64_t t = 0; t < n_ctx; ++t) {
+          const float* row = crow[t];
+          const float s1 = rd(dot(mode_, qa, row, kvl)), s2 = rd(dot(mode_, qpe, row + kvl, rope_d));
+          const float s = rd(rd(s1 + s2) * softmax_scale_);
+          scores[size_t(t)] = s;
+          mx = std::max(mx, s);
+        }
       }
       float* out = ws.attn.data() + (r * H + h) * vd;
       if (mode_ == Mode::Fast) {
         float sum = 0;
         for (int64_t t = 0; t < n_ctx; ++t) sum += (scores[size_t(t)] = std::exp(scores[size_t(t)] - mx));
-        std::fill(o.begin(), o.end(), 0.0f);
-        for (int64_t t = 0; t < n_ctx; ++t) {
-          const float p = rd(scores[size_t(t)] / sum);
-          const float* row = cache.row<float>(t);
-          for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] += p * row[cc];  // bf16 x bf16: exact product
-        }
+        for (int64_t t = 0; t < n_ctx; ++t) scores[size_t(t)] = rd(scores[size_t(t)] / sum);
+        kern::mla::pv_f32(scores.data(), crow, n_ctx, kvl, o.data());
         for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] = rd(o[size_t(cc)]);
       } else {
         double sum = 0;
         for (int64_t t = 0; t < n_ctx; ++t) sum += (scores[size_t(t)] = std::exp(scores[size_t(t)] - mx));
         const float fsum = float(sum);
-        od.assign(size_t(kvl), 0.0);
-        for (int64_t t = 0; t < n_ctx; ++t) {
-          const float p = rd(scores[size_t(t)] / fsum);
-          const float* row = cache.row<float>(t);
-          for (int64_t cc = 0; cc < kvl; ++cc) od[size_t(cc)] += double(p) * double(row[cc]);
-        }
+        for (int64_t t = 0; t < n_ctx; ++t) scores[size_t(t)] = rd(scores[size_t(t)] / fsum);
+        kern::mla::pv_f64(scores.data(), crow, n_ctx, kvl, od.data());
         for (int64_t cc = 0; cc < kvl; ++cc) o[size_t(cc)] = rd(float(od[size_t(cc)]));
       }
-      const float* uv = wkv_b + (h * per_head + nope) * kvl;
-      for (int64_t v = 0; v < vd; ++v) out[v] = rd(dot(mode_, o.data(), uv + v * kvl, kvl));
+      if (mode_ == Mode::Fast) {
+        kern::mla::dot_fma_lanes_cols(o.data(), uv_t + h * kvl * vd, kvl, vd, vd, out);
+        for (int64_t v = 0; v < vd; ++v) out[v] = rd(out[v]);
+      } else {
+        const float* uv = wkv_b + (h * per_head + nope) * kvl;
+        for (int64_t v = 0; v < vd; ++v) out[v] = rd(dot(mode_, o.data(), uv + v * kvl, kvl));
+      }
     }
   };
   if (pool && pool->size() > 1 && R * H > 1) pool->parallel_for(R * H, 1, run);
   else run(0, R * H, 0);
+  timer.next(DI_PHASE_ID("attn.o_proj"));
   ws.tmp.resize(size_t(R * c.dim));
   linear(mode_, ws.attn.data(), R, a.wo, ws.tmp.data());
   for (int64_t i = 0; i < R * c.dim; ++i) ws.x[size_t(i)] = rd(ws.x[size_t(i)] + ws.tmp[size_t(i)]);
 }
 
 void Model::mlp(const MlpWeights& w, const float* x, int64_t m, int64_t inter, float* out, Workspace& ws) const {
-  ws.h1.resize(size_t(m * inter));
-  ws.h3.resize(size_t(m * inter));
-  linear(mode_, x, m, w.gate, ws.h1.data());
-  linear(mode_, x, m, w.up, ws.h3.data());
-  for (int64_t i = 0; i < m * inter; ++i) ws.h1[size_t(i)] = rd(rd(silu(ws.h1[size_t(i)])) * ws.h3[size_t(i)]);
-  linear(mode_, ws.h1.data(), m, w.down, out);
+  const MlpJob job{&w, x, m, inter, out};
+  mlps(std::span<const MlpJob>(&job, 1), ws);
+}
+
+// gate and up of every job in one pool job, SwiGLU, then every down in another.
+void Model::mlps(std::span<const MlpJob> jobs, Workspace& ws) const {
+  int64_t total = 0;
+  for (const MlpJob& j : jobs) total += j.m * j.inter;
+  ws.h1.resize(size_t(total));
+  ws.h3.resize(size_t(total));
+  std::vector<LinearJob>& lj = ws.linear_jobs;
+  lj.clear();
+  int64_t off = 0;
+  for (const MlpJob& j : jobs) {
+    lj.push_back({j.x, j.m, &j.w->gate, ws.h1.data() + off});
+    lj.push_back({j.x, j.m, &j.w->up, ws.h3.data() + off});
+    off += j.m * j.inter;
+  }
+  linear_multi(mode_, lj);
+  for (int64_t i = 0; i < total; ++i) ws.h1[size_t(i)] = rd(rd(silu(ws.h1[size_t(i)])) * ws.h3[size_t(i)]);
+  lj.clear();
+  off = 0;
+  for (const MlpJob& j : jobs) {
+    lj.push_back({ws.h1.data() + off, j.m, &j.w->down, j.out});
+    off += j.m * j.inter;
+  }
+  linear_multi(mode_, lj);
 }
 
 void Model::ffn(int layer, Ctx& cx) const {
@@ -346,8 +428,12 @@ void Model::ffn(int layer, Ctx& cx) const {
   for (int64_t r = 0; r < R; ++r)
     rms_norm(mode_, ws.x.data() + r * c.dim, L.ffn_norm.p, c.dim, c.rms_norm_eps, ws.xn.data() + r * c.dim);
   ws.tmp.resize(size_t(R * c.dim));
-  if (L.moe) moe(layer, cx);
-  else mlp(L.mlp, ws.xn.data(), R, c.inter_dim, ws.tmp.data(), ws);
+  if (L.moe) {
+    moe(layer, cx);
+  } else {
+    DI_PHASE("dense mlp");
+    mlp(L.mlp, ws.xn.data(), R, c.inter_dim, ws.tmp.data(), ws);
+  }
   for (int64_t i = 0; i < R * c.dim; ++i) ws.x[size_t(i)] = rd(ws.x[size_t(i)] + ws.tmp[size_t(i)]);
 }
 
@@ -356,6 +442,7 @@ void Model::moe(int layer, Ctx& cx) const {
   const MoeWeights& m = w_.layers[size_t(layer)].experts;
   Workspace& ws = *cx.ws;
   const int64_t R = cx.R, E = c.n_routed_experts, K = c.n_activated_experts, G = c.n_group, per_group = E / G;
+  phase::Scope timer(DI_PHASE_ID("moe.router"));
   ws.gate.resize(size_t(R * E));
   linear(mode_, ws.xn.data(), R, m.gate, ws.gate.data());
   ws.expert_ids.resize(size_t(R * K));
@@ -423,26 +510,36 @@ void Model::moe(int layer, Ctx& cx) const {
     for (size_t i = 0; i < cx.items.size(); ++i)
       cx.opts->observer->on_experts(layer, cx.start[i], int(cx.items[i].tokens.size()), int(K),
                                     ws.expert_ids.data() + cx.row0[i] * K, ws.expert_w.data() + cx.row0[i] * K);
-  // Each expert once over the rows that chose it.
+  // Each expert once over the rows that chose it (rows grouped by expert, ascending), the shared
+  // experts over all rows, in the same two pool jobs.
+  timer.next(DI_PHASE_ID("moe.experts"));
   const int64_t dim = c.dim;
-  ws.expert_out.resize(size_t(R * K * dim));
-  std::vector<float> gathered, out;
-  for (int64_t e = 0; e < E; ++e) {
-    ws.gather_rows.clear();
-    for (int64_t i = 0; i < R * K; ++i)
-      if (ws.expert_ids[size_t(i)] == e) ws.gather_rows.push_back(int32_t(i));
-    if (ws.gather_rows.empty()) continue;
-    const int64_t n = int64_t(ws.gather_rows.size());
-    gathered.resize(size_t(n * dim));
-    out.resize(size_t(n * dim));
-    for (int64_t j = 0; j < n; ++j)
-      std::memcpy(gathered.data() + j * dim, ws.xn.data() + (ws.gather_rows[size_t(j)] / K) * dim, size_t(dim) * 4);
-    mlp(m.experts[size_t(e)], gathered.data(), n, c.moe_inter_dim, out.data(), ws);
-    for (int64_t j = 0; j < n; ++j)
-      std::memcpy(ws.expert_out.data() + int64_t(ws.gather_rows[size_t(j)]) * dim, out.data() + j * dim, size_t(dim) * 4);
+  std::vector<int32_t>& count = ws.expert_count;
+  count.assign(size_t(E + 1), 0);
+  for (int64_t i = 0; i < R * K; ++i) ++count[size_t(ws.expert_ids[size_t(i)]) + 1];
+  for (int64_t e = 0; e < E; ++e) count[size_t(e + 1)] += count[size_t(e)];
+  ws.gather_rows.resize(size_t(R * K));
+  {
+    std::vector<int32_t> next(count.begin(), count.end() - 1);
+    for (int64_t i = 0; i < R * K; ++i) ws.gather_rows[size_t(next[size_t(ws.expert_ids[size_t(i)])]++)] = int32_t(i);
   }
+  ws.gathered.resize(size_t(R * K * dim));
+  ws.expert_out.resize(size_t(R * K * dim));
+  for (int64_t j = 0; j < R * K; ++j)
+    std::memcpy(ws.gathered.data() + j * dim, ws.xn.data() + (ws.gather_rows[size_t(j)] / K) * dim, size_t(dim) * 4);
   ws.shared.resize(size_t(R * dim));
-  if (m.has_shared) mlp(m.shared, ws.xn.data(), R, int64_t(c.moe_inter_dim) * c.n_shared_experts, ws.shared.data(), ws);
+  ws.moe_y.resize(size_t(R * K * dim));
+  std::vector<MlpJob> jobs;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = count[size_t(e)], n = count[size_t(e + 1)] - b;
+    if (n > 0)
+      jobs.push_back({&m.experts[size_t(e)], ws.gathered.data() + b * dim, n, c.moe_inter_dim, ws.moe_y.data() + b * dim});
+  }
+  if (m.has_shared) jobs.push_back({&m.shared, ws.xn.data(), R, int64_t(c.moe_inter_dim) * c.n_shared_experts, ws.shared.data()});
+  mlps(jobs, ws);
+  for (int64_t j = 0; j < R * K; ++j)
+    std::memcpy(ws.expert_out.data() + int64_t(ws.gather_rows[size_t(j)]) * dim, ws.moe_y.data() + j * dim, size_t(dim) * 4);
+  timer.next(DI_PHASE_ID("moe.combine"));
   std::vector<int> slot(static_cast<size_t>(K));
   for (int64_t r = 0; r < R; ++r) {
     const int32_t* ids = ws.expert_ids.data() + r * K;

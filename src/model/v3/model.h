@@ -32,6 +32,10 @@ struct LoadOptions {
   // overrides `numerics`. For verification against the fp32 golden.
   bool fp32 = false;
   int threads = 0;  // > 0: the model's own kernel pool of that many threads; 0: the caller's default pool
+  // The BF16 lm_head quantized at load to FP8 E4M3 with one fp32 scale per 128x128 block (absmax /
+  // 448, as the release quantizes its projections): half the bytes a decode step streams for the
+  // head, at FP8's precision. Off by default (the release and the official code use the BF16 head).
+  bool head_fp8 = false;
   const std::atomic<bool>* cancel = nullptr;  // set: the load stops with LoadCancelled
 };
 
@@ -60,9 +64,13 @@ struct BatchItem {
 // Scratch reused across calls.
 struct Workspace final : di::Workspace {
   std::vector<BatchItem> items;  // the interface's batch as this model's items
+  ForwardObserver* observer = nullptr;  // taps the interface's forward_batch (StepCost::attach)
   std::vector<float> x, xn, qa, q, kv, q_abs, attn, tmp, logits_rows;
   std::vector<float> gate, h1, h3, expert_out, moe_y, shared, expert_w;
-  std::vector<int32_t> expert_ids, gather_rows;
+  std::vector<int32_t> expert_ids, gather_rows, expert_count;
+  std::vector<LinearJob> linear_jobs;
+  std::vector<const float*> cache_rows;  // attention: each item's cache rows of the layer
+  std::vector<int64_t> cache_rows0;
   std::vector<float> gathered, cs;
   std::vector<int64_t> row_pos;
   std::vector<int32_t> row_item;
@@ -84,6 +92,7 @@ class Model final : public di::Model {
   // Bytes of one cache page (one layer's rows of page_tokens tokens) and of all layers' pages.
   size_t page_bytes(int page_tokens) const;
   ThreadPool* thread_pool() const override { return pool_.get(); }
+  std::unique_ptr<StepCost> step_cost() const override;  // model/v3/cost.cpp
 
   // di::Model. One stream per layer, "layer<i>.latent_rope": kv_lora_rank + qk_rope_head_dim fp32.
   const ModelInfo& info() const override { return info_; }
@@ -109,6 +118,13 @@ class Model final : public di::Model {
   void attention(int layer, Ctx& c) const;
   void ffn(int layer, Ctx& c) const;
   void mlp(const MlpWeights& w, const float* x, int64_t m, int64_t inter, float* out, Workspace& ws) const;
+  struct MlpJob {
+    const MlpWeights* w;
+    const float* x;
+    int64_t m, inter;
+    float* out;  // [m][dim]
+  };
+  void mlps(std::span<const MlpJob> jobs, Workspace& ws) const;
   void moe(int layer, Ctx& c) const;
   float rd(float v) const { return mode_ == Mode::Fp32 ? v : round_bf16_(v); }
   static float round_bf16_(float v);
@@ -121,9 +137,12 @@ class Model final : public di::Model {
   Mode mode_ = Mode::Fast;
   struct Absorbed {
     std::vector<float> wkv_b;  // [heads * (nope + v)][kv_lora], dequantized (bf16 values unless fp32)
-    std::vector<float> uk_t;   // [heads][kv_lora][nope]: W_UK transposed
+    std::vector<float> uk_t;   // [heads][kv_lora][nope]: W_UK transposed (exact / fp32 modes)
+    std::vector<float> uv_t;   // [heads][kv_lora][v]: W_UV transposed (fast mode)
   };
   std::vector<Absorbed> absorbed_;  // per layer
+  std::vector<uint8_t> head_codes_;  // LoadOptions::head_fp8
+  std::vector<float> head_scales_;
   std::vector<float> freqs_;
   float softmax_scale_ = 0;
 };

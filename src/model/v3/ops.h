@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 
 #include "core/numerics.h"
 
@@ -42,11 +43,24 @@ struct Linear {
 void dequant_rows(const Linear& w, int64_t r0, int64_t rows, bool round, float* out);
 void dequant_rows_scalar(const Linear& w, int64_t r0, int64_t rows, bool round, float* out);
 
-// y[m][out] = x[m][in] . W^T in the mode's sums; bf16 output except in Fp32. Fast: each output
-// summed in fp32 by 16 fused-multiply-add lanes (lane l takes k = l, l+16, ...) then the halving
-// tree (ref::fast::dot_fma_lanes); BF16 weights in the kernels' pair-lane order
-// (kern::fast::linear_bf16). `pool` (null: kern::default_pool()) splits the outputs.
+// y[m][out] = x[m][in] . W^T in the mode's sums; bf16 output except in Fp32. Fast: FP8 and BF16
+// weights alike, each output summed in fp32 in the kernels' pair-lane order (x and the weights
+// bf16(code x scale) as bf16 pairs, vdpbf16ps; ref::fast::dot_pair_lanes, kern::fast::linear_bf16).
+// `pool` (null: kern::default_pool()) splits the outputs.
 void linear(Mode mode, const float* x, int64_t m, const Linear& w, float* y, ThreadPool* pool = nullptr);
+// Several FP8 (or Fp32-mode) linears in one pool job, each output tile a task: y = x . W^T per
+// job, the same bits as linear() on each. Jobs with m = 0 are skipped.
+struct LinearJob {
+  const float* x;
+  int64_t m;
+  const Linear* w;
+  float* y;
+};
+void linear_multi(Mode mode, std::span<const LinearJob> jobs, ThreadPool* pool = nullptr);
+
+// BF16 [out, in] -> FP8 E4M3 codes + one fp32 scale per 128x128 block (partial at the edges):
+// scale = absmax / 448 (1 for an all-zero block), code = e4m3(w / scale), as the release quantizes.
+void quantize_fp8_blocks(const uint16_t* w, int64_t out, int64_t in, uint8_t* codes, float* scales, ThreadPool* pool);
 
 // a . b in the mode's sums (Fast: fma lanes; else fp64), not rounded to bf16.
 float dot(Mode mode, const float* a, const float* b, int64_t n);

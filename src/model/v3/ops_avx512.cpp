@@ -2,11 +2,12 @@
 // rows with fp32 block scales (every non-NaN code) and the fast mode's fma-lane dot product.
 // GCC 12 flags its own _mm512_undefined_* placeholders (a known false positive in the headers).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "core/dtypes.h"
 #include "model/v3/ops.h"
@@ -73,34 +74,58 @@ inline float halving16(__m512 acc) {
 }  // namespace
 
 // Fast-mode outputs [n0, n1) of y[m][out] for m <= 8 rows straight from the FP8 codes: each weight
-// chunk of 16 is dequantized once and used by every row; per output the sum is dot_fma_lanes of
-// the dequantized row (16 lanes by k mod 16, FMAs in k order, halving tree). Needs bi % 16 == 0
-// and every scale below 2^120.
+// chunk of 32 is dequantized once (bf16 values, exactly bf16(code x scale)) and used by every row;
+// per output the sum is ref::fast::dot_pair_lanes of the dequantized row (vdpbf16ps: lane l takes
+// pair l of every 32-wide chunk, elements past K zero), then the halving tree. x holds bf16 values.
+// Needs bi % 32 == 0 and every scale below 2^120.
 void linear_fp8_fast_avx512(const float* x, int64_t m, const Linear& w, float* y, int64_t n0, int64_t n1, bool round) {
-  const int64_t K = w.in, N = w.out, sc = w.scale_cols();
+  const int64_t K = w.in, N = w.out, sc = w.scale_cols(), chunks = (K + 31) / 32;
+  thread_local std::vector<uint16_t> xb;  // [m][chunks][32] bf16
+  xb.resize(size_t(m * chunks * 32));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t k = c * 32, left = K - k;
+      const __mmask16 lo = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      const __mmask16 hi = left >= 32 ? __mmask16(0xffff) : left <= 16 ? __mmask16(0) : __mmask16((1u << (left - 16)) - 1);
+      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + i * K + k + 16), _mm512_maskz_loadu_ps(lo, x + i * K + k));
+      _mm512_storeu_si512(xb.data() + (i * chunks + c) * 32, (__m512i)v);
+    }
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* codes = w.fp8 + n * K;
     const float* srow = w.scale + (n / w.bo) * sc;
     __m512 acc[8];
     for (int64_t i = 0; i < m; ++i) acc[i] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-      const __m512 wv = dequant16(codes + k, _mm512_set1_ps(srow[k / w.bi] * 256.f), round);
-      for (int64_t i = 0; i < m; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * K + k), wv, acc[i]);
-    }
-    if (k < K) {
-      const __mmask16 mk = __mmask16((1u << (K - k)) - 1);
-      alignas(16) uint8_t tail[16] = {};
-      for (int64_t j = k; j < K; ++j) tail[j - k] = codes[j];
-      const __m512 wv = _mm512_maskz_mov_ps(mk, dequant16(tail, _mm512_set1_ps(srow[k / w.bi] * 256.f), round));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t k = c * 32, left = K - k;
+      const __m512 vs = _mm512_set1_ps(srow[k / w.bi] * 256.f);
+      __m512 lo, hi;
+      if (left >= 32) {
+        lo = dequant16(codes + k, vs, round);
+        hi = dequant16(codes + k + 16, vs, round);
+      } else {
+        alignas(32) uint8_t tail[32] = {};
+        for (int64_t j = 0; j < left; ++j) tail[j] = codes[k + j];
+        lo = dequant16(tail, vs, round);
+        hi = dequant16(tail + 16, vs, round);
+      }
+      const __m512bh wb = _mm512_cvtne2ps_pbh(hi, lo);  // bf16 values: exact
       for (int64_t i = 0; i < m; ++i)
-        acc[i] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + i * K + k), wv, acc[i], mk);
+        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(xb.data() + (i * chunks + c) * 32), wb);
     }
     for (int64_t i = 0; i < m; ++i) {
       const float v = halving16(acc[i]);
       y[i * N + n] = round ? round_bf16(v) : v;
     }
   }
+}
+
+// The upper halves of n bf16-valued floats (their exact bf16 bits).
+void bf16_bits_avx512(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(x + i)), 16)));
+  for (; i < n; ++i) out[i] = f32_to_bf16(x[i]);
 }
 
 float dot_fma_lanes_avx512(const float* a, const float* b, int64_t K) {
