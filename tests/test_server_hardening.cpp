@@ -139,7 +139,7 @@ TEST(ServerHardening, UnauthenticatedBodyFloodDoesNotGrowMemory) {
   EXPECT_GT(peak, rss1 + 60 * 1024) << "the bodies were not read (the test measures nothing)";
   if (kFreedMemoryReturns) EXPECT_LT(rss_after, rss1 + 48 * 1024) << "memory of freed bodies was not returned";
   EXPECT_EQ(fetch(srv.port(), "GET", "/health").status, 200);
-  EXPECT_EQ(srv.stop(), 0);
+  EXPECT_EQ(srv.stop(), 0) << srv.log();
 }
 
 TEST(ServerHardening, WarnsLoudlyWhenExposedWithoutKey) {

@@ -311,11 +311,13 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(opt_.max_body_bytes);
     parser_->header_limit(std::uint32_t(std::min<size_t>(opt_.max_header_bytes, UINT32_MAX)));
     stream_.expires_after(std::chrono::milliseconds(int64_t(opt_.idle_timeout_s * 1000)));
+    reading_ = true;
     http::async_read_header(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_header, shared_from_this()));
   }
 
   // Everything that can refuse the request is decided here, before any of its body is read.
   void on_header(beast::error_code ec, size_t) {
+    reading_ = false;
     if (ec) return on_read_error(ec);
     const auto& req = parser_->get();
     keep_alive_ = req.keep_alive();
@@ -378,11 +380,14 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_body() {
+    if (closed_) return;  // closed during the 100 Continue write
     if (parser_->is_done()) return on_read({}, 0);
+    reading_ = true;
     http::async_read_some(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_body_part, shared_from_this()));
   }
 
   void on_body_part(beast::error_code ec, size_t) {
+    reading_ = false;
     if (ec) return on_read_error(ec);
     if (charge_ && !charge_->grow_to(parser_->get().body().capacity())) return refuse_busy();
     read_body();
@@ -414,8 +419,11 @@ class Session : public std::enable_shared_from_this<Session> {
     close();
   }
 
-  // Frees a partly read body and its share of the in-flight budget (the memory first).
+  // Frees a partly read body and its share of the in-flight budget (the memory first). While a read
+  // is in flight Beast still uses the parser when the read completes (cancelled by close()): its
+  // handler releases them then.
   void release_body() {
+    if (reading_) return;
     parser_.reset();
     charge_.reset();
   }
@@ -598,6 +606,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buf_;
   std::shared_ptr<BodyCharge> charge_;  // before parser_: the body is freed before its charge is released
   std::optional<http::request_parser<http::string_body>> parser_;
+  bool reading_ = false;  // a Beast read into parser_ is in flight
   HttpOptions opt_;
   HttpHandler handler_;
   std::shared_ptr<std::atomic<int>> connections_;
