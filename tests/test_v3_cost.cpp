@@ -47,9 +47,9 @@ TEST(V3Cost, HandCountOnTheGoldenTiny) {
 
 TEST(V3Cost, StepCostCountsTheExpertsOfAStep) {
   auto model = load_model(test::v3_golden_model_dir());
+  auto ws = model->new_workspace();  // outlives the cost attached to it
   auto cost = model->step_cost();
   ASSERT_NE(cost, nullptr);
-  auto ws = model->new_workspace();
   cost->attach(*ws);
   auto st = model->new_state({});
   std::vector<float> logits;

@@ -35,7 +35,8 @@ class StepCost {
   virtual QueryCost query(int64_t t) const = 0;                      // one query at absolute position t
   virtual double token_linear_flops() const = 0;  // matmul FLOPs of one token, without attention and head
   // Observes the forward passes run with `ws` (a workspace of the same model) from now on; a step
-  // is what runs between begin_step() calls.
+  // is what runs between begin_step() calls. `ws` must outlive this object (it detaches on
+  // destruction).
   virtual void attach(Workspace& ws) = 0;
   virtual void begin_step() = 0;
   // Weight bytes the observed step touched; `tokens_per_seq` sets shares of weights that run once
