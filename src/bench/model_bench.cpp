@@ -72,6 +72,9 @@ int64_t checkpoint_file_bytes(const std::string& dir) {
 BenchReport run_model_bench(const Model& model, const BenchedModel& info, const ModelBenchOptions& opts) {
   check_options(opts);
   auto log = [&](const std::string& s) { if (opts.log) opts.log(s); };
+  // Declared before the cost attached to one of them: a StepCost detaches from its workspace when
+  // destroyed, so the workspaces must outlive it.
+  std::unique_ptr<Workspace> plain, observed;
   const std::unique_ptr<StepCost> cost = model.step_cost();
   if (!cost) throw std::invalid_argument("bench: the " + model.info().arch + " model declares no step costs");
   const int n_layers = std::max(1, cost->n_layers());
@@ -108,7 +111,8 @@ BenchReport run_model_bench(const Model& model, const BenchedModel& info, const 
   // Token ids a sampler may produce (the vocab may be padded beyond what the tokenizer defines).
   const int64_t n_ids = model.info().sampleable_vocab;
   // Two workspaces: forward passes with `observed` report what they ran to the cost model.
-  const std::unique_ptr<Workspace> plain = model.new_workspace(), observed = model.new_workspace();
+  plain = model.new_workspace();
+  observed = model.new_workspace();
   cost->attach(*observed);
   std::vector<float> logits;
   const StateOptions fresh{64, 64, nullptr, nullptr};
