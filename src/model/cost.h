@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,37 @@ class StepCost {
   // per several tokens of a sequence.
   virtual double step_weight_bytes(int64_t tokens, int64_t tokens_per_seq, int64_t logits_rows) const = 0;
   virtual double distinct_experts() const = 0;  // routed experts the observed step ran, summed over layers
+};
+
+// The StepCost plumbing every architecture shares: its expert counter `Counter` (the
+// architecture's forward observer, with begin_step() and distinct() per layer) is what the
+// workspace `ModelWorkspace` calls through its `observer` pointer once attached.
+template <class ModelWorkspace, class Counter>
+class ObservedStepCost : public StepCost {
+ public:
+  ~ObservedStepCost() override {
+    if (ws_ && ws_->observer == &counter_) ws_->observer = nullptr;
+  }
+  void attach(Workspace& ws) override {
+    auto* w = dynamic_cast<ModelWorkspace*>(&ws);
+    if (!w) throw std::invalid_argument("StepCost::attach: a workspace of another model");
+    ws_ = w;
+    w->observer = &counter_;
+  }
+  void begin_step() override { counter_.begin_step(); }
+  double distinct_experts() const override {
+    double d = 0;
+    for (int x : counter_.distinct()) d += x;
+    return d;
+  }
+
+ protected:
+  template <class C>
+  explicit ObservedStepCost(const C& config) : counter_(config) {}
+  Counter counter_;
+
+ private:
+  ModelWorkspace* ws_ = nullptr;
 };
 
 }  // namespace di

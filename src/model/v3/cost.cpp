@@ -120,12 +120,10 @@ class ExpertCounter final : public ForwardObserver {
   std::vector<int> distinct_;
 };
 
-class V3StepCost final : public StepCost {
+class V3StepCost final : public ObservedStepCost<Workspace, ExpertCounter> {
  public:
-  explicit V3StepCost(const Model& m) : cfg_(m.config()), cost_(model_cost(m.config(), m.weights())), counter_(m.config()) {}
-  ~V3StepCost() override {
-    if (ws_ && ws_->observer == &counter_) ws_->observer = nullptr;
-  }
+  explicit V3StepCost(const Model& m)
+      : ObservedStepCost(m.config()), cfg_(m.config()), cost_(model_cost(m.config(), m.weights())) {}
   int64_t total_params() const override { return cost_.total_params; }
   double active_params() const override { return cost_.active_params; }
   double head_params() const override { return cost_.head_params; }
@@ -157,27 +155,12 @@ class V3StepCost final : public StepCost {
   }
   QueryCost query(int64_t t) const override { return query_cost(cfg_, t); }
   double token_linear_flops() const override { return 2.0 * (cost_.active_params - cost_.head_params); }
-  void attach(di::Workspace& ws) override {
-    auto* w = dynamic_cast<Workspace*>(&ws);
-    if (!w) throw std::invalid_argument("StepCost::attach: a workspace of another model");
-    ws_ = w;
-    w->observer = &counter_;
-  }
-  void begin_step() override { counter_.begin_step(); }
   double step_weight_bytes(int64_t tokens, int64_t, int64_t logits_rows) const override {
     return v3::step_weight_bytes(cost_, counter_.distinct(), tokens, logits_rows);
   }
-  double distinct_experts() const override {
-    double d = 0;
-    for (int x : counter_.distinct()) d += x;
-    return d;
-  }
-
  private:
   V3Config cfg_;
   ModelCost cost_;
-  ExpertCounter counter_;
-  Workspace* ws_ = nullptr;
 };
 
 }  // namespace

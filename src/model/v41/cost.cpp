@@ -149,12 +149,9 @@ std::vector<LinearShape> model_matmul_shapes(const V41Config& c, int m) {
 
 namespace {
 
-class V41StepCost final : public StepCost {
+class V41StepCost final : public ObservedStepCost<Workspace, ExpertCounter> {
  public:
-  explicit V41StepCost(const V41Config& c) : cfg_(c), cost_(model_cost(c)), counter_(c) {}
-  ~V41StepCost() override {
-    if (ws_ && ws_->observer == &counter_) ws_->observer = nullptr;
-  }
+  explicit V41StepCost(const V41Config& c) : ObservedStepCost(c), cfg_(c), cost_(model_cost(c)) {}
   int64_t total_params() const override { return cost_.total_params; }
   double active_params() const override { return cost_.active_params; }
   double head_params() const override { return cost_.head_params; }
@@ -175,27 +172,12 @@ class V41StepCost final : public StepCost {
   std::vector<LinearShape> linear_shapes(int m) const override { return model_matmul_shapes(cfg_, m); }
   QueryCost query(int64_t t) const override { return query_cost(cfg_, t); }
   double token_linear_flops() const override { return v41::token_linear_flops(cost_); }
-  void attach(di::Workspace& ws) override {
-    auto* w = dynamic_cast<Workspace*>(&ws);
-    if (!w) throw std::invalid_argument("StepCost::attach: a workspace of another model");
-    ws_ = w;
-    w->observer = &counter_;
-  }
-  void begin_step() override { counter_.begin_step(); }
   double step_weight_bytes(int64_t tokens, int64_t tokens_per_seq, int64_t logits_rows) const override {
     return v41::step_weight_bytes(cost_, counter_.distinct(), tokens, tokens_per_seq, logits_rows);
   }
-  double distinct_experts() const override {
-    double d = 0;
-    for (int x : counter_.distinct()) d += x;
-    return d;
-  }
-
  private:
   V41Config cfg_;
   ModelCost cost_;
-  ExpertCounter counter_;
-  Workspace* ws_ = nullptr;
 };
 
 }  // namespace
