@@ -28,7 +28,8 @@ class FakeModel final : public Model {
   static constexpr int32_t kEos = 1;
   static constexpr size_t kFixedBytes = 4096;  // charged to the state pool per sequence
 
-  explicit FakeModel(int64_t max_context = 4096) {
+  // With snapshots, a state's snapshot is its ring (restored from the bytes, not the tokens).
+  explicit FakeModel(int64_t max_context = 4096, bool snapshots = false) : snapshots_(snapshots) {
     info_.arch = "fake";
     info_.cache_format = "fake;history-rows";
     info_.vocab_size = kVocab;
@@ -93,6 +94,24 @@ class FakeModel final : public Model {
       floor_ = pages.n_tokens;
       ring_valid_ = false;  // resume() rebuilds it
     }
+    std::vector<std::byte> snapshot() const override {
+      if (pos() % opts_.page_tokens != 0) throw std::invalid_argument("FakeModel: snapshot off a page boundary");
+      std::vector<std::byte> b(sizeof(int64_t) + ring_.size() * sizeof(int32_t));
+      const int64_t p = pos();
+      std::memcpy(b.data(), &p, sizeof p);
+      std::memcpy(b.data() + sizeof p, ring_.data(), ring_.size() * sizeof(int32_t));
+      return b;
+    }
+    void restore_snapshot(const kvcache::PrefixPages& pages, std::span<const int32_t> tokens,
+                          std::span<const std::byte> snap) override {
+      int64_t p = -1;
+      if (snap.size() == sizeof p + ring_.size() * sizeof(int32_t)) std::memcpy(&p, snap.data(), sizeof p);
+      if (p != int64_t(tokens.size())) throw std::invalid_argument("FakeModel: restore_snapshot");
+      adopt_prefix(pages, tokens);
+      std::memcpy(ring_.data(), snap.data() + sizeof p, ring_.size() * sizeof(int32_t));
+      ring_valid_ = true;
+      ++restores;
+    }
     size_t bytes() const override { return rows_.bytes() + kFixedBytes + tokens_.size() * sizeof(int32_t); }
     size_t fixed_bytes() const override { return kFixedBytes; }
     std::unique_ptr<SequenceState> clone() const override { return std::make_unique<State>(*this); }
@@ -124,6 +143,9 @@ class FakeModel final : public Model {
     std::vector<int32_t> ring_;
     bool ring_valid_ = true;
     int64_t floor_ = 0;
+
+   public:
+    static inline std::atomic<int64_t> restores{0};
   };
 
   const ModelInfo& info() const override { return info_; }
@@ -169,6 +191,7 @@ class FakeModel final : public Model {
   }
 
   int64_t resume_tokens() const override { return kRing; }
+  bool has_snapshots() const override { return snapshots_; }
   void resume(SequenceState& s, Workspace&) const override {
     auto& st = dynamic_cast<State&>(s);
     st.set_ring_from_tokens();
@@ -199,6 +222,7 @@ class FakeModel final : public Model {
 
  private:
   ModelInfo info_;
+  bool snapshots_;
 };
 
 }  // namespace di::test

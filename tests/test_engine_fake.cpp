@@ -126,8 +126,39 @@ TEST(EngineFake, CacheSaltSeparatesNamespaces) {
   EXPECT_EQ(b->tokens[0], a->tokens[0]);
 }
 
-TEST(EngineFake, PreemptionUnderASmallBudgetIsInvisible) {
-  FakeModel m;
+TEST(EngineFake, SnapshotHitsRestoreInsteadOfResuming) {
+  FakeModel m(4096, /*snapshots=*/true);
+  Scheduler s(m, options());
+  const auto shared = prompt_of(40, 3);
+  auto p1 = shared, p2 = shared;
+  p1.push_back(7);
+  p2.insert(p2.end(), {9, 10, 11});
+  auto r1 = std::make_shared<Recorder>(), r2 = std::make_shared<Recorder>(), r3 = std::make_shared<Recorder>();
+  s.add(1, test::greedy_request(p1, 12), r1, 1);
+  test::run_all(s);
+  const int64_t restores = FakeModel::State::restores, resumes = m.resumes;
+  s.add(2, test::greedy_request(p2, 6), r2, 1);  // resumes at 40, the last page boundary of p1's prompt
+  test::run_all(s);
+  EXPECT_EQ(r2->start.cached_tokens, 40);
+  // The next turn of the first conversation resumes where its completion's last page ended (48).
+  auto turn = p1;
+  turn.insert(turn.end(), r1->tokens[0].begin(), r1->tokens[0].end());
+  turn.insert(turn.end(), {20, 21});
+  s.add(3, test::greedy_request(turn, 6), r3, 1);
+  test::run_all(s);
+  EXPECT_EQ(r3->start.cached_tokens, 48) << "(41 + 11 processed tokens) / 8 whole pages";
+  EXPECT_EQ(FakeModel::State::restores, restores + 2);
+  EXPECT_EQ(m.resumes, resumes) << "nothing was replayed";
+  EXPECT_EQ(s.counters().snapshot_hits, 2);
+  EXPECT_EQ(s.counters().replayed_tokens, 0);
+  EXPECT_EQ(r1->tokens[0], FakeModel::greedy(p1, 12));
+  EXPECT_EQ(r2->tokens[0], FakeModel::greedy(p2, 6));
+  EXPECT_EQ(r3->tokens[0], FakeModel::greedy(turn, 6));
+  EXPECT_GT(s.prefix_cache().snapshots(), 0u);
+  expect_no_leak(s);
+}
+
+void preemption_is_invisible(const FakeModel& m) {
   EngineOptions o = options();
   Scheduler probe(m, o);
   o.cache_budget_bytes = 3 * probe.sequence_bytes(60);  // far less than 8 requests of 60 tokens
@@ -148,6 +179,13 @@ TEST(EngineFake, PreemptionUnderASmallBudgetIsInvisible) {
     EXPECT_EQ(rec[i]->tokens[0], FakeModel::greedy(prompts[i], 50)) << "request " << i;
   }
   expect_no_leak(s);
+}
+
+TEST(EngineFake, PreemptionUnderASmallBudgetIsInvisible) { preemption_is_invisible(FakeModel()); }
+
+TEST(EngineFake, PreemptionWithSnapshotsUnderASmallBudgetIsInvisible) {
+  // Decoding choices keep a snapshot at their last page boundary, drawn from the same budget.
+  preemption_is_invisible(FakeModel(4096, true));
 }
 
 TEST(EngineFake, ForkedChoicesSharePagesAndDecodeIndependently) {

@@ -218,29 +218,103 @@ TEST(EnginePrefixCache, FinishedOutputIsReusedByTheNextTurn) {
   test::run_all(s);
   EXPECT_EQ(second->start.cached_tokens, 128) << "(100 + 29) / 16 full pages";
   EXPECT_EQ(second->tokens[0], test::greedy_alone(model(), turn, 5));
+  // The first request's last page boundary (128) had a snapshot: the turn resumed there.
+  EXPECT_EQ(s.counters().snapshot_hits, 1);
+  EXPECT_EQ(s.counters().replayed_tokens, 0);
+}
+
+TEST(EnginePrefixCache, SnapshotHitsReplayNothingAndMatchReplayAndMiss) {
+  const auto c = test::corpus();
+  std::vector<RequestParams> reqs;
+  reqs.push_back(test::greedy_request(test::slice(c, 0, 200), 3));  // snapshots at 64, 128, 192
+  auto branch = test::slice(c, 0, 100);                              // shares 100 tokens: resumes at 64
+  branch.insert(branch.end(), c.begin() + 150, c.begin() + 170);
+  reqs.push_back(test::greedy_request(branch, 4));
+  auto extend = test::slice(c, 0, 200);                             // resumes at 192
+  extend.insert(extend.end(), c.begin() + 10, c.begin() + 15);
+  reqs.push_back(test::greedy_request(extend, 4));
+  reqs.push_back(test::greedy_request(test::slice(c, 0, 200), 3));  // the same prompt: resumes at 192
+  RequestParams two = test::greedy_request(test::slice(c, 0, 180), 5);
+  two.sampling.temperature = 1.0f;
+  two.sampling.seed = 9;
+  two.n = 2;
+  reqs.push_back(two);  // resumes at 128, forks after the prompt
+
+  EngineOptions snap = test::small_options(), replay = snap, off = snap;
+  snap.snapshot_interval = 64;
+  replay.snapshots = false;
+  off.prefix_cache = false;
+  Scheduler a(model(), snap), b(model(), replay), n(model(), off);
+  const auto ra = run_in_turn(a, reqs), rb = run_in_turn(b, reqs), rn = run_in_turn(n, reqs);
+  EXPECT_EQ(ra[1]->start.cached_tokens, 64);
+  EXPECT_EQ(ra[2]->start.cached_tokens, 192);
+  EXPECT_EQ(ra[3]->start.cached_tokens, 192);
+  EXPECT_EQ(ra[4]->start.cached_tokens, 128);
+  EXPECT_EQ(a.counters().snapshot_hits, 4);
+  EXPECT_EQ(a.counters().replayed_tokens, 0);
+  EXPECT_GE(a.counters().snapshots_taken, 3);
+  EXPECT_GT(b.counters().replayed_tokens, 0) << "without snapshots a hit replays the window";
+  EXPECT_EQ(b.counters().snapshot_hits, 0);
+  EXPECT_EQ(b.prefix_cache().snapshots(), 0u);
+  EXPECT_LT(a.counters().step_tokens + 0, b.counters().step_tokens + b.counters().replayed_tokens);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    for (int ch = 0; ch < reqs[i].n; ++ch) {
+      EXPECT_EQ(ra[i]->tokens[size_t(ch)], rn[i]->tokens[size_t(ch)]) << "request " << i << " choice " << ch;
+      EXPECT_EQ(rb[i]->tokens[size_t(ch)], rn[i]->tokens[size_t(ch)]) << "request " << i << " choice " << ch;
+    }
+  EXPECT_EQ(a.pool().used_bytes(), a.prefix_cache().bytes()) << "snapshots are drawn from the cache budget";
+  EXPECT_GT(a.prefix_cache().snapshot_bytes(), 0u);
+}
+
+TEST(EnginePrefixCache, RamTierCapacityEvictsSnapshotsAndPagesLruFirst) {
+  const auto c = test::corpus();
+  EngineOptions o = test::small_options();
+  o.snapshot_interval = 64;
+  Scheduler probe(model(), o);
+  probe.add(1, test::greedy_request(test::slice(c, 0, 130), 1), nullptr, 0);
+  test::run_all(probe);
+  const size_t one = probe.prefix_cache().bytes();  // 8 pages and snapshots at 64 and 128
+  ASSERT_GT(probe.prefix_cache().snapshots(), 0u);
+  o.prefix_cache_bytes = one + one / 2;
+  Scheduler s(model(), o);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < 4; ++i) {
+    prompts.push_back(test::slice(c, i * 20, 130));
+    auto r = std::make_shared<Recorder>();
+    s.add(i + 1, test::greedy_request(prompts.back(), 3), r, 0);
+    test::run_all(s);
+    EXPECT_LE(s.prefix_cache().bytes(), o.prefix_cache_bytes) << i;
+    EXPECT_EQ(r->tokens[0], test::greedy_alone(model(), prompts.back(), 3)) << i;
+  }
+  EXPECT_GT(s.prefix_cache().snapshot_evictions() + s.prefix_cache().evictions(), 0);
+  // The newest prompt is served from the cache; older ones were evicted first.
+  auto again = std::make_shared<Recorder>();
+  s.add(9, test::greedy_request(prompts.back(), 3), again, 0);
+  test::run_all(s);
+  EXPECT_GT(again->start.cached_tokens, 0);
+  EXPECT_EQ(again->tokens[0], test::greedy_alone(model(), prompts.back(), 3));
 }
 
 TEST(EnginePrefixCache, EvictsUnderPressureAndStillServesCorrectly) {
   const auto c = test::corpus();
   EngineOptions o = test::small_options();
   Scheduler probe(model(), o);
-  o.cache_budget_bytes = 3 * probe.sequence_bytes(120);
+  o.cache_budget_bytes = 3 * probe.sequence_bytes(120);  // about three prompts' pages
   Scheduler s(model(), o);
   std::vector<std::shared_ptr<Recorder>> rec;
   std::vector<std::vector<int32_t>> prompts;
-  for (size_t i = 0; i < 8; ++i) {
-    prompts.push_back(test::slice(c, (i % 4) * 20, 100));  // four prefixes, each requested twice
+  // Four prefixes: the fourth pushes the first out; repeats of recent ones hit.
+  for (size_t p : {0, 1, 2, 2, 3, 0, 3}) {
+    prompts.push_back(test::slice(c, p * 20, 100));
     rec.push_back(std::make_shared<Recorder>());
-    s.add(i + 1, test::greedy_request(prompts.back(), 4), rec.back(), 0);
+    s.add(rec.size(), test::greedy_request(prompts.back(), 4), rec.back(), 0);
     test::run_all(s);
   }
   EXPECT_GT(s.prefix_cache().evictions(), 0);
-  int hits = 0;
-  for (size_t i = 0; i < 8; ++i) {
+  for (size_t i = 0; i < rec.size(); ++i)
     EXPECT_EQ(rec[i]->tokens[0], test::greedy_alone(model(), prompts[i], 4)) << i;
-    hits += rec[i]->start.cached_tokens > 0;
-  }
-  EXPECT_GT(hits, 0);
+  EXPECT_GT(rec[3]->start.cached_tokens, 0);
+  EXPECT_GT(rec[6]->start.cached_tokens, 0);
   EXPECT_LE(s.pool().used_bytes(), o.cache_budget_bytes);
   EXPECT_EQ(s.pool().used_bytes(), s.prefix_cache().bytes());
 }

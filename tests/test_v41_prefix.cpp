@@ -3,6 +3,7 @@
 // once against the pool budget.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -56,6 +57,79 @@ TEST(Prefix, AdoptedPagesPlusReplayContinueExactly) {
         << "prefix of " << P << " tokens";
     EXPECT_THROW(b.truncate(P - 1), std::out_of_range) << "no rollback into the adopted prefix";
   }
+}
+
+TEST(Prefix, SnapshotsRestoreTheStateWithoutReplay) {
+  Model& m = model();
+  const auto toks = sequence();
+  constexpr int kPage = 16;
+  Workspace ws;
+  ForwardOptions all;
+  all.all_logits = true;
+  PagePool pool(64 << 20);
+  SequenceState full = m.new_state(64, kPage, &pool);
+  std::vector<float> ref;
+  m.forward(full, toks, ref, all, ws);
+  const size_t V = size_t(m.config().vocab_size);
+  const int W = m.config().window_size;
+  for (int64_t P : {16, 32, 128, 160, 192}) {
+    // The snapshot comes from a state that got there in other chunks than `full`.
+    SequenceState a = m.new_state(64, kPage, &pool);
+    std::vector<float> l;
+    for (int64_t p = 0; p < P; p += 48) m.forward(a, std::span(toks).subspan(size_t(p), size_t(std::min<int64_t>(48, P - p))), l, {}, ws);
+    const std::vector<std::byte> snap = a.snapshot();
+    const size_t rows = size_t(std::min<int64_t>(P, W - 1)) * size_t(m.config().n_layers) * size_t(m.config().head_dim);
+    EXPECT_TRUE(snap.size() < 64 + rows * 4) << "no more than the window rows (" << snap.size() << " bytes)";
+    SequenceState b = m.new_state(8, kPage, &pool);  // another rollback capacity: other ring slots
+    b.restore_snapshot(full.share_prefix(P), std::span(toks).first(size_t(P)), snap);
+    EXPECT_EQ(b.pos(), P);
+    EXPECT_THROW(b.truncate(P - 1), std::out_of_range) << "no rollback into the restored prefix";
+    std::vector<float> got;
+    m.forward(b, std::span(toks).subspan(size_t(P)), got, all, ws);
+    ASSERT_EQ(got.size(), ref.size() - size_t(P) * V);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin() + std::ptrdiff_t(size_t(P) * V))) << "snapshot at " << P;
+  }
+}
+
+TEST(Prefix, SnapshotsKeepRowsThatAreNotBf16AndRejectForeignBytes) {
+  Model& m = model();
+  const auto toks = sequence();
+  Workspace ws;
+  std::vector<float> l;
+  SequenceState a = m.new_state(64, 16);
+  m.forward(a, std::span(toks).first(32), l, {}, ws);
+  const std::vector<std::byte> compact = a.snapshot();
+  // A window value that is not a bf16 makes the snapshot keep fp32 rows, bit for bit.
+  float& v = a.layers()[0].window[size_t(31 % a.window_cap()) * size_t(m.config().head_dim)];
+  v = std::nextafter(v, 1.0f);
+  const std::vector<std::byte> wide = a.snapshot();
+  EXPECT_GT(wide.size(), compact.size());
+  SequenceState b = m.new_state(64, 16);
+  b.restore_snapshot(a.share_prefix(32), std::span(toks).first(32), wide);
+  for (size_t i = 0; i < a.layers().size(); ++i)
+    for (int64_t p = 32 - (m.config().window_size - 1); p < 32; ++p) {
+      if (p < 0) continue;
+      const size_t o = size_t(p % a.window_cap()) * size_t(m.config().head_dim);
+      EXPECT_TRUE(std::equal(a.layers()[i].window.begin() + std::ptrdiff_t(o),
+                             a.layers()[i].window.begin() + std::ptrdiff_t(o + size_t(m.config().head_dim)),
+                             b.layers()[i].window.begin() + std::ptrdiff_t(o)))
+          << "layer " << i << " position " << p;
+    }
+  // Bytes that do not fit these tokens, these pages or this model are refused before any change.
+  auto refuses = [&](std::span<const std::byte> snap, int64_t n_tokens) {
+    SequenceState c = m.new_state(64, 16);
+    EXPECT_THROW(c.restore_snapshot(a.share_prefix(n_tokens), std::span(toks).first(size_t(n_tokens)), snap),
+                 std::invalid_argument);
+    EXPECT_EQ(c.pos(), 0);
+  };
+  refuses(compact, 16);
+  refuses(std::span(compact).first(compact.size() - 1), 32);
+  std::vector<std::byte> bad = compact;
+  bad[0] ^= std::byte{1};
+  refuses(bad, 32);
+  SequenceState odd = m.new_state(64, 16);
+  m.forward(odd, std::span(toks).first(20), l, {}, ws);
+  EXPECT_THROW(odd.snapshot(), std::invalid_argument) << "only at page boundaries";
 }
 
 TEST(Prefix, WritingAfterASharedPartialPageCopiesIt) {

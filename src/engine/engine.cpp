@@ -210,6 +210,12 @@ class EngineImpl final : public Engine {
     stats_.prefix_cache_bytes = sched_.prefix_cache().bytes();
     stats_.prefix_cache_entries = int64_t(sched_.prefix_cache().entries());
     stats_.prefix_cache_evictions = sched_.prefix_cache().evictions();
+    stats_.snapshots = int64_t(sched_.prefix_cache().snapshots());
+    stats_.snapshot_bytes = sched_.prefix_cache().snapshot_bytes();
+    stats_.snapshot_evictions = sched_.prefix_cache().snapshot_evictions();
+    stats_.snapshots_taken = c.snapshots_taken;
+    stats_.snapshot_hits = c.snapshot_hits;
+    stats_.replayed_tokens = c.replayed_tokens;
   }
 
   std::shared_ptr<const Model> model_;

@@ -91,6 +91,15 @@ struct EngineOptions {
   int max_waiting = 256;         // bounded queue: submit fails with QueueFull beyond this
   int64_t max_context = 0;       // prompt + max_tokens limit; 0 = model's max_position_embeddings
   bool prefix_cache = true;
+  // Bytes the prefix cache may keep (pages and snapshots, the RAM tier); 0 = as much as the
+  // cache budget leaves free (entries are evicted when running sequences need pages).
+  size_t prefix_cache_bytes = 0;
+  // Snapshots (models with state outside pages, e.g. V4.1's windows): taken where later requests
+  // are likely to resume — the last page boundary of each prompt, every snapshot_interval tokens
+  // (a multiple of page_tokens; 0 = none), and the last page boundary a finished choice reached —
+  // so that a prefix hit resumes there instead of replaying the window.
+  bool snapshots = true;
+  int64_t snapshot_interval = 2048;
   bool priority_scheduling = false;  // else FCFS
   int max_rollback = 8;
 };
@@ -116,8 +125,11 @@ struct EngineStats {
   int64_t nonfinite_logits = 0;  // logits rows with NaN/Inf; their requests failed with Error
   int64_t decode_steps = 0, decode_rows = 0;  // steps where every sequence ran one token, their rows
   double decode_seconds = 0;                  // and their forward passes' time
-  size_t prefix_cache_bytes = 0;  // pages held by the prefix cache (part of cache_bytes_used)
+  size_t prefix_cache_bytes = 0;  // pages and snapshots held by the prefix cache (part of cache_bytes_used)
   int64_t prefix_cache_entries = 0, prefix_cache_evictions = 0;
+  int64_t snapshots = 0, snapshots_taken = 0, snapshot_hits = 0, snapshot_evictions = 0;
+  size_t snapshot_bytes = 0;
+  int64_t replayed_tokens = 0;  // tokens re-run to rebuild state on prefix hits without a snapshot
 };
 
 class Engine {

@@ -100,6 +100,10 @@ struct PrefixCache::Entry {
   std::vector<kvcache::PageRef> pages;  // one per stream
   size_t bytes = 0;
   std::list<Entry*>::iterator lru;
+  uint64_t used = 0;
+  kvcache::PageRef snapshot;  // of a state that ended at this page; null = none
+  std::list<Entry*>::iterator snap_lru;
+  uint64_t snap_used = 0;
   // A live sequence shares a page: evicting the entry would free nothing.
   bool shared() const {
     for (const auto& p : pages)
@@ -157,16 +161,16 @@ size_t PrefixCache::acquire(std::span<const CacheKey> keys, std::vector<Entry*>&
     if (it == map_.end()) break;
     Entry* e = it->second.get();
     ++e->refs;
-    lru_.splice(lru_.end(), lru_, e->lru);
+    touch(e);
     held.push_back(e);
     ++n;
   }
   return n;
 }
 
-void PrefixCache::release(std::vector<Entry*>& held) {
-  for (Entry* e : held) --e->refs;
-  held.clear();
+void PrefixCache::release(std::vector<Entry*>& held, size_t keep) {
+  for (size_t i = keep; i < held.size(); ++i) --held[i]->refs;
+  held.resize(std::min(keep, held.size()));
 }
 
 kvcache::PrefixPages PrefixCache::pages(std::span<Entry* const> entries) const {
@@ -190,9 +194,9 @@ void PrefixCache::insert(const SequenceState& state, std::span<const CacheKey> k
     auto it = map_.find(keys[k]);
     if (it == map_.end()) break;
     parent = it->second.get();
-    lru_.splice(lru_.end(), lru_, parent->lru);
+    touch(parent);
   }
-  if (k == n) return;
+  if (k == n) return trim();
   const kvcache::PrefixPages all = state.share_prefix(int64_t(n) * page_tokens_);
   for (; k < n; ++k) {
     auto e = std::make_unique<Entry>();
@@ -207,23 +211,78 @@ void PrefixCache::insert(const SequenceState& state, std::span<const CacheKey> k
     bytes_ += e->bytes;
     Entry* raw = e.get();
     raw->lru = lru_.insert(lru_.end(), raw);
+    raw->used = ++clock_;
     map_.emplace(keys[k], std::move(e));
     parent = raw;
   }
+  trim();
+}
+
+void PrefixCache::touch(Entry* e) {
+  lru_.splice(lru_.end(), lru_, e->lru);
+  e->used = ++clock_;
+}
+
+void PrefixCache::insert_snapshot(const CacheKey& key, kvcache::PageRef snapshot) {
+  auto it = map_.find(key);
+  if (it == map_.end() || !snapshot) return;
+  Entry* e = it->second.get();
+  drop_snapshot(e);
+  e->snapshot = std::move(snapshot);
+  snapshot_bytes_ += e->snapshot->size();
+  e->snap_lru = snap_lru_.insert(snap_lru_.end(), e);
+  e->snap_used = ++clock_;
+  trim();
+}
+
+bool PrefixCache::has_snapshot(const CacheKey& key) const {
+  auto it = map_.find(key);
+  return it != map_.end() && it->second->snapshot;
+}
+
+size_t PrefixCache::find_snapshot(std::span<Entry* const> held, std::span<const std::byte>* snapshot) {
+  for (size_t k = held.size(); k > 0; --k) {
+    Entry* e = held[k - 1];
+    if (!e->snapshot) continue;
+    snap_lru_.splice(snap_lru_.end(), snap_lru_, e->snap_lru);
+    e->snap_used = ++clock_;
+    *snapshot = std::span<const std::byte>(e->snapshot->data(), e->snapshot->size());
+    return k;
+  }
+  return 0;
+}
+
+void PrefixCache::drop_snapshot(Entry* e) {
+  if (!e->snapshot) return;
+  snapshot_bytes_ -= e->snapshot->size();
+  snap_lru_.erase(e->snap_lru);
+  e->snapshot.reset();
+}
+
+void PrefixCache::set_capacity(size_t bytes) {
+  capacity_ = bytes;
+  trim();
+}
+
+void PrefixCache::trim() {
+  while (capacity_ && bytes() > capacity_)
+    if (!evict_one()) return;
 }
 
 bool PrefixCache::evictable(const Entry& e) const { return e.refs == 0 && e.children == 0 && !e.shared(); }
 
 size_t PrefixCache::reclaimable_bytes() const {
   // Entries held or shared by a live sequence form prefix-closed chains (a sequence holds or shares
-  // every page before the ones it uses), so the rest can all be evicted, leaves first.
-  size_t b = 0;
+  // every page before the ones it uses), so the rest can all be evicted, leaves first. Snapshots
+  // are never held.
+  size_t b = snapshot_bytes_;
   for (const Entry* e : lru_)
     if (e->refs == 0 && !e->shared()) b += e->bytes;
   return b;
 }
 
 void PrefixCache::erase(Entry* e) {
+  drop_snapshot(e);
   if (e->parent) --e->parent->children;
   bytes_ -= e->bytes;
   lru_.erase(e->lru);
@@ -231,18 +290,34 @@ void PrefixCache::erase(Entry* e) {
   map_.erase(e->key);  // destroys e; its pages go back to the pool
 }
 
-bool PrefixCache::make_room(const kvcache::PagePool& pool, size_t bytes) {
-  while (pool.free_bytes() < bytes) {
-    Entry* victim = nullptr;
-    for (Entry* e : lru_)
-      if (evictable(*e)) { victim = e; break; }
-    if (!victim) return false;
-    erase(victim);
+bool PrefixCache::evict_one() {
+  Entry* page = nullptr;
+  for (Entry* e : lru_)
+    if (evictable(*e)) { page = e; break; }
+  Entry* snap = snap_lru_.empty() ? nullptr : snap_lru_.front();
+  if (snap && (!page || snap->snap_used < page->used)) {
+    drop_snapshot(snap);
+    ++snapshot_evictions_;
+  } else if (page) {
+    if (page->snapshot) ++snapshot_evictions_;
+    erase(page);
+  } else {
+    return false;
   }
   return true;
 }
 
+bool PrefixCache::make_room(const kvcache::PagePool& pool, size_t bytes) {
+  while (pool.free_bytes() < bytes)
+    if (!evict_one()) return false;
+  return true;
+}
+
 void PrefixCache::evict_all() {
+  while (!snap_lru_.empty()) {
+    drop_snapshot(snap_lru_.front());
+    ++snapshot_evictions_;
+  }
   for (bool progress = true; progress;) {
     progress = false;
     for (auto it = lru_.begin(); it != lru_.end();) {

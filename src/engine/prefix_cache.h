@@ -9,6 +9,11 @@
 // hold a reference on each; eviction takes least recently used entries that nobody references,
 // that have no cached children (a middle entry would strand its descendants), and whose pages no
 // live sequence shares (evicting those would free nothing).
+//
+// An entry may also hold a snapshot (SequenceState::snapshot) of a state that ended at its page:
+// a hit resumes from the furthest snapshot along the matched chain instead of replaying the
+// model's window. Snapshots are copied out when used (never referenced), so they are evicted on
+// their own, least recently used first, alongside pages (the older of the two goes first).
 #pragma once
 
 #include <array>
@@ -62,13 +67,22 @@ class PrefixCache {
   // The longest run of cached pages along `keys`: marks them most recently used and appends them
   // to `held` with a reference taken on each. Returns the number of pages.
   size_t acquire(std::span<const CacheKey> keys, std::vector<Entry*>& held);
-  void release(std::vector<Entry*>& held);  // drops the references and clears `held`
+  void release(std::vector<Entry*>& held, size_t keep = 0);  // drops the references past the first `keep`
   // The pages of held entries, as SequenceState::adopt_prefix takes them.
   kvcache::PrefixPages pages(std::span<Entry* const> entries) const;
 
   // Caches the full pages of `state` covered by `keys` that are not cached yet (keys[k] is the
   // key of token page k of the state's tokens); already cached ones are marked recently used.
   void insert(const SequenceState& state, std::span<const CacheKey> keys);
+
+  // Attaches the snapshot of a state that ended at the page `key` names (inserted already; else
+  // nothing happens). Replaces an older one. Its bytes come from the pool the caller drew it from.
+  void insert_snapshot(const CacheKey& key, kvcache::PageRef snapshot);
+  bool has_snapshot(const CacheKey& key) const;
+  // Among the first n of `held`, the furthest entry with a snapshot: the number of pages up to and
+  // including it (0 = none), marked recently used; its bytes stay valid until the next call that
+  // may evict.
+  size_t find_snapshot(std::span<Entry* const> held, std::span<const std::byte>* snapshot);
 
   // Evicts entries (LRU first) until `pool.free_bytes() >= bytes`. False if it cannot get there.
   bool make_room(const kvcache::PagePool& pool, size_t bytes);
@@ -78,9 +92,16 @@ class PrefixCache {
   // Bytes make_room could free now (entries nobody references or shares).
   size_t reclaimable_bytes() const;
 
+  // Caps the bytes of entries and snapshots (the RAM tier's budget); 0 = only the pool's budget.
+  // Inserts evict down to it, least recently used first, as far as entries are evictable.
+  void set_capacity(size_t bytes);
+
   size_t entries() const { return map_.size(); }
-  size_t bytes() const { return bytes_; }  // pages held by entries (shared ones included)
+  size_t bytes() const { return bytes_ + snapshot_bytes_; }  // pages (shared ones included) and snapshots
+  size_t snapshots() const { return snap_lru_.size(); }
+  size_t snapshot_bytes() const { return snapshot_bytes_; }
   int64_t evictions() const { return evictions_; }
+  int64_t snapshot_evictions() const { return snapshot_evictions_; }
 
  private:
   struct KeyHash {
@@ -88,13 +109,20 @@ class PrefixCache {
   };
   bool evictable(const Entry& e) const;
   void erase(Entry* e);
+  void drop_snapshot(Entry* e);
+  void touch(Entry* e);
+  // Evicts the least recently used evictable page or snapshot; false when there is none.
+  bool evict_one();
+  void trim();  // down to capacity_
 
   int page_tokens_;
   std::string format_id_;
   std::unordered_map<CacheKey, std::unique_ptr<Entry>, KeyHash> map_;
-  std::list<Entry*> lru_;  // front = least recently used
-  size_t bytes_ = 0;
-  int64_t evictions_ = 0;
+  std::list<Entry*> lru_;       // front = least recently used
+  std::list<Entry*> snap_lru_;  // entries with a snapshot, front = least recently used snapshot
+  uint64_t clock_ = 0;          // use stamps, to compare the fronts of the two lists
+  size_t bytes_ = 0, snapshot_bytes_ = 0, capacity_ = 0;
+  int64_t evictions_ = 0, snapshot_evictions_ = 0;
 };
 
 }  // namespace di::engine

@@ -33,6 +33,10 @@ struct Seq {
   enum class Where { Waiting, Running, Done } where = Where::Waiting;
   bool scheduled = false;  // in the current step's batch
   TokenEvent event;        // reused so that top_logprobs does not allocate per token
+  // The snapshot at the last page boundary decoding passed (kept for the prefix cache when the
+  // choice ends), and its position.
+  kvcache::PageRef snapshot;
+  int64_t snapshot_pos = 0;
 
   int64_t prompt_len() const;
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len(); }

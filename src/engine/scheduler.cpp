@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
+#include <stdexcept>
 
 namespace di::engine {
 namespace {
@@ -47,7 +49,11 @@ Scheduler::Scheduler(const Model& model, const EngineOptions& opts)
       page_set_bytes_(blank_->bytes_needed(1)),
       sampler_(model.info().sampleable_vocab),
       ws_(model.new_workspace()),
-      waiting_(Order{opts.priority_scheduling}) {}
+      waiting_(Order{opts.priority_scheduling}) {
+  if (opts_.snapshot_interval < 0 || opts_.snapshot_interval % opts_.page_tokens != 0)
+    throw std::invalid_argument("snapshot_interval must be a multiple of page_tokens (0 = none)");
+  cache_.set_capacity(opts_.prefix_cache_bytes);
+}
 
 Scheduler::~Scheduler() {
   // Seqs point into requests_; drop them before the pool and the cache go.
@@ -107,9 +113,63 @@ void Scheduler::drop_state(Seq* s, bool cache_pages) {
   if (cache_pages && opts_.prefix_cache) {
     cache_.extend_keys(s->req->cache_root, s->tokens, size_t(s->state->pos() / opts_.page_tokens), s->keys);
     cache_.insert(*s->state, s->keys);
+    // Where the next turn of a chat resumes: the last page boundary the choice reached.
+    if (s->snapshot && s->snapshot_pos <= s->state->pos())
+      cache_.insert_snapshot(s->keys[size_t(s->snapshot_pos / opts_.page_tokens) - 1], std::move(s->snapshot));
   }
+  s->snapshot.reset();
   cache_.release(s->held);
   s->state.reset();
+}
+
+bool Scheduler::snapshot_point(const Seq& s, int64_t pos) const {
+  const int pt = opts_.page_tokens;
+  if (pos <= 0 || pos % pt != 0) return false;
+  // The last page boundary before the last token a prefill must run (a hit on the same tokens
+  // still has one token to run), the end of the tokens when that is a page boundary, and every
+  // snapshot_interval tokens.
+  const int64_t L = int64_t(s.tokens.size());
+  return pos == (L - 1) / pt * pt || pos == L || (opts_.snapshot_interval && pos % opts_.snapshot_interval == 0);
+}
+
+int64_t Scheduler::snapshot_stop(const Seq& s, int64_t want) const {
+  if (!use_snapshots() || want <= 1) return want;
+  const int64_t pos = s.state->pos();
+  const int pt = opts_.page_tokens;
+  for (int64_t p = (pos / pt + 1) * pt; p < pos + want; p += pt)
+    if (snapshot_point(s, p)) return p - pos;
+  return want;
+}
+
+kvcache::PageRef Scheduler::take_snapshot(const Seq& s) {
+  const std::vector<std::byte> bytes = s.state->snapshot();
+  if (!cache_.make_room(pool_, bytes.size())) return nullptr;  // no room: the hit will replay instead
+  kvcache::PageRef page;
+  try {
+    page = pool_.allocate(bytes.size());
+  } catch (const kvcache::CacheExhausted&) {
+    return nullptr;
+  }
+  std::memcpy(page->data(), bytes.data(), bytes.size());
+  ++counters_.snapshots_taken;
+  return page;
+}
+
+void Scheduler::after_chunk(Seq* s, bool prefill) {
+  const int64_t pos = s->state->pos();
+  const int pt = opts_.page_tokens;
+  if (!use_snapshots() || pos % pt != 0 || pos == 0) return;
+  if (prefill && snapshot_point(*s, pos)) {
+    // Cached now, so that requests arriving while this one runs can resume from it.
+    cache_.extend_keys(s->req->cache_root, s->tokens, size_t(pos / pt), s->keys);
+    const CacheKey& key = s->keys[size_t(pos / pt) - 1];
+    cache_.insert(*s->state, std::span(s->keys).first(size_t(pos / pt)));
+    if (!cache_.has_snapshot(key)) cache_.insert_snapshot(key, take_snapshot(*s));
+  } else if (!prefill) {
+    s->snapshot.reset();  // its bytes go back before the new one is drawn
+    s->snapshot = take_snapshot(*s);
+    s->snapshot_pos = pos;
+  }
 }
 
 void Scheduler::preempt(Seq* s) {
@@ -164,15 +224,27 @@ bool Scheduler::admit(Seq* s, int64_t& budget) {
     if (o->choice == 0 && o->state) promised += pending_forks(o->req);
   if (state_pool_.free_bytes() < fixed + pending_forks(r) + promised) return false;
   s->state = model_.new_state({opts_.max_rollback, pt, &pool_, &state_pool_});
-  int64_t cached = 0;
+  int64_t cached = 0, replay = 0;
+  bool from_snapshot = false;
   if (opts_.prefix_cache) {
     // At least one token must run to produce the next token's logits.
     const size_t max_pages = size_t((L - 1) / pt);
     cache_.extend_keys(r->cache_root, s->tokens, max_pages, s->keys);
     const size_t m = cache_.acquire(std::span(s->keys).first(std::min(max_pages, s->keys.size())), s->held);
-    // A prefix no longer than the model's resume replay costs more to rebuild than to recompute.
-    if (int64_t(m) * pt > model_.resume_tokens()) {
+    std::span<const std::byte> snap;
+    const size_t k = use_snapshots() ? cache_.find_snapshot(std::span(s->held).first(m), &snap) : 0;
+    // Tokens to run before the rest of the prompt: none from a snapshot, the model's replay from
+    // the pages alone. A prefix no longer than the replay costs more to rebuild than to recompute.
+    const int64_t replay_all = std::min<int64_t>(model_.resume_tokens(), int64_t(m) * pt);
+    const int64_t cost_pages = int64_t(m) * pt > model_.resume_tokens() ? L - int64_t(m) * pt + replay_all : L;
+    if (k > 0 && L - int64_t(k) * pt <= cost_pages) {
+      cached = int64_t(k) * pt;
+      cache_.release(s->held, k);
+      s->state->restore_snapshot(cache_.pages(s->held), std::span(s->tokens).first(size_t(cached)), snap);
+      from_snapshot = true;
+    } else if (cost_pages < L) {
       cached = int64_t(m) * pt;
+      replay = replay_all;
       s->state->adopt_prefix(cache_.pages(s->held), std::span(s->tokens).first(size_t(cached)));
     } else {
       cache_.release(s->held);
@@ -180,7 +252,7 @@ bool Scheduler::admit(Seq* s, int64_t& budget) {
   }
   // Keep a page per running choice free, so that admitting does not force preemption right away.
   const size_t reserve = page_set_bytes_ * running_.size();
-  const int64_t c = fit_chunk(*s, std::min(L - cached, budget), reserve);
+  const int64_t c = fit_chunk(*s, snapshot_stop(*s, std::min(L - cached, budget)), reserve);
   if (c == 0) {
     cache_.release(s->held);
     s->state.reset();
@@ -204,7 +276,11 @@ bool Scheduler::admit(Seq* s, int64_t& budget) {
     const StartEvent ev{int(r->params.prompt.size()), int(cached)};
     notify("on_start", r->id, [&] { r->sink->on_start(ev); });
   }
-  if (cached > 0) model_.resume(*s->state, *ws_);
+  if (from_snapshot) ++counters_.snapshot_hits;
+  if (replay > 0) {
+    model_.resume(*s->state, *ws_);
+    counters_.replayed_tokens += replay;
+  }
   schedule(s, c);
   budget -= c;
   return true;
@@ -249,7 +325,7 @@ bool Scheduler::step() {
   for (Seq* s : order_) {
     if (budget == 0) break;
     if (s->where != Seq::Where::Running || s->scheduled || s->remaining() <= 1) continue;
-    const int64_t c = fit_chunk(*s, std::min(s->remaining(), budget), 0);
+    const int64_t c = fit_chunk(*s, snapshot_stop(*s, std::min(s->remaining(), budget)), 0);
     if (c == 0) continue;
     schedule(s, c);
     budget -= c;
@@ -313,6 +389,8 @@ void Scheduler::run_batch() {
   for (size_t i = 0; i < item_seqs_.size(); ++i) {
     Seq* s = item_seqs_[i];
     s->scheduled = false;
+    // A decode step runs one token and leaves none; a prefill chunk runs more or leaves some.
+    if (s->state) after_chunk(s, items_[i].tokens.size() > 1 || s->remaining() > 0);
     if (s->where == Seq::Where::Running && s->remaining() == 0) after_forward(s, logits_[i]);
   }
 }

@@ -39,6 +39,8 @@ struct SchedulerCounters {
   // their forward passes took, so a client can read the engine's decode step time at a batch size.
   int64_t decode_steps = 0, decode_rows = 0;
   double decode_seconds = 0;
+  int64_t snapshots_taken = 0, snapshot_hits = 0;
+  int64_t replayed_tokens = 0;  // re-run by Model::resume on hits without a snapshot
 };
 
 class Scheduler {
@@ -88,6 +90,11 @@ class Scheduler {
   Seq* pick_victim(const Seq* except);
   void preempt(Seq* s);
   int64_t fit_chunk(const Seq& s, int64_t want, size_t reserve);
+  int64_t snapshot_stop(const Seq& s, int64_t want) const;  // want, cut at the next snapshot point
+  bool snapshot_point(const Seq& s, int64_t pos) const;
+  kvcache::PageRef take_snapshot(const Seq& s);
+  void after_chunk(Seq* s, bool prefill);
+  bool use_snapshots() const { return opts_.prefix_cache && opts_.snapshots && model_.has_snapshots(); }
   bool admit(Seq* s, int64_t& budget);
   void schedule(Seq* s, int64_t n);
   void run_batch();

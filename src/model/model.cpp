@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <stdexcept>
 
 #include "io/hf_config.h"
 #include "io/safetensors.h"  // LoadError
@@ -34,6 +35,14 @@ const std::vector<Registered>& registry() {
 bool contains(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
 
 }  // namespace
+
+std::vector<std::byte> SequenceState::snapshot() const {
+  throw std::logic_error("this model keeps its whole sequence state in pages: it has no snapshots");
+}
+
+void SequenceState::restore_snapshot(const kvcache::PrefixPages&, std::span<const int32_t>, std::span<const std::byte>) {
+  throw std::logic_error("this model keeps its whole sequence state in pages: it has no snapshots");
+}
 
 std::vector<ArchitectureInfo> known_architectures() {
   std::vector<ArchitectureInfo> out;

@@ -63,6 +63,15 @@ class SequenceState {
   // from such pages plus the prefix's tokens (Model::resume then rebuilds what pages do not hold).
   virtual kvcache::PrefixPages share_prefix(int64_t n_tokens) const = 0;
   virtual void adopt_prefix(const kvcache::PrefixPages& pages, std::span<const int32_t> tokens) = 0;
+  // Snapshots, for models with state outside their pages (Model::has_snapshots()): the
+  // part of the state that pages do not hold (V4.1: the last window rows of every layer), taken
+  // at a token-page boundary (pos() a multiple of the page size), as opaque bytes; and an empty
+  // state restarted from the pages of that prefix, its tokens and those bytes, which then goes on
+  // exactly as the original would have (no replay). Throws std::invalid_argument for bytes that
+  // do not fit the pages, the tokens or the model; the base class has no snapshots.
+  virtual std::vector<std::byte> snapshot() const;
+  virtual void restore_snapshot(const kvcache::PrefixPages& pages, std::span<const int32_t> tokens,
+                                std::span<const std::byte> snapshot);
   virtual size_t bytes() const = 0;        // all bytes held
   virtual size_t fixed_bytes() const = 0;  // the per-sequence part outside pages (what a state pool is charged)
   // A copy that shares every page (a partly filled page is copied on its first write); charges the
@@ -112,6 +121,8 @@ class Model {
   // A prefix no longer than that is cheaper to recompute than to resume.
   virtual int64_t resume_tokens() const = 0;
   virtual void resume(SequenceState& state, Workspace& ws) const = 0;
+  // Whether its states have SequenceState::snapshot/restore_snapshot (in place of resume()).
+  virtual bool has_snapshots() const { return false; }
   // What steps move and compute (the bench's rooflines); null where the architecture declares none.
   virtual std::unique_ptr<StepCost> step_cost() const { return nullptr; }
   // The pool the model's forward passes run their kernels on (LoadOptions::threads), for a

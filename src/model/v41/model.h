@@ -165,6 +165,7 @@ class Model final : public di::Model {
   std::unique_ptr<di::Workspace> new_workspace() const override { return std::make_unique<Workspace>(); }
   void forward_batch(std::span<di::BatchItem> items, di::Workspace& ws) const override;
   int64_t resume_tokens() const override { return replay_tokens(); }
+  bool has_snapshots() const override { return true; }
   void resume(di::SequenceState& state, di::Workspace& ws) const override;
   std::unique_ptr<StepCost> step_cost() const override;  // model/v41/cost.cpp
 

@@ -2,16 +2,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include "core/dtypes.h"
 
 namespace di::v41 {
 
 SequenceState::SequenceState(const V41Config& cfg, int max_rollback, int page_tokens, PagePool* pool, PagePool* state_pool)
     : max_rollback_(max_rollback),
+      window_(cfg.window_size),
       window_cap_(cfg.window_size + max_rollback),
       comp_cap_(0),
       page_tokens_(page_tokens),
+      head_dim_(cfg.head_dim),
       pool_(pool) {
   int max_ratio = 1;
   for (int i = 0; i < cfg.n_layers; ++i) {
@@ -94,6 +99,86 @@ void SequenceState::adopt_prefix(const PrefixPages& pages, std::span<const int32
   }
   tokens_.assign(tokens.begin(), tokens.end());
   rollback_floor_ = pages.n_tokens;  // the window rings only get the prefix's last window back
+}
+
+namespace {
+
+constexpr uint32_t kSnapshotMagic = 0x53313456;  // "V41S"
+constexpr uint32_t kSnapshotVersion = 1;
+
+struct SnapshotHeader {
+  uint32_t magic, version;
+  int64_t pos;
+  int32_t index_k_publisher;
+  uint32_t n_layers, rows, head_dim;
+  uint32_t bf16;  // 1: rows stored as bf16 (every value was one exactly), 0: fp32
+  uint32_t reserved;
+};
+static_assert(sizeof(SnapshotHeader) == 40);
+
+}  // namespace
+
+std::vector<std::byte> SequenceState::snapshot() const {
+  if (pos() % page_tokens_ != 0)
+    throw std::invalid_argument("snapshot: position " + std::to_string(pos()) + " is not at a page boundary");
+  SnapshotHeader h{kSnapshotMagic, kSnapshotVersion, pos(), index_k_publisher, uint32_t(layers_.size()),
+                   uint32_t(std::min<int64_t>(pos(), window_ - 1)), uint32_t(head_dim_), 1, 0};
+  const int64_t p0 = pos() - h.rows;
+  auto row = [&](const LayerState& L, int64_t p) { return L.window.data() + size_t(p % window_cap_) * size_t(head_dim_); };
+  for (const auto& L : layers_)
+    for (int64_t p = p0; p < pos() && h.bf16; ++p)
+      for (int d = 0; d < head_dim_; ++d)
+        if (f32_bits(row(L, p)[d]) & 0xffffu) { h.bf16 = 0; break; }
+  const size_t elem = h.bf16 ? sizeof(uint16_t) : sizeof(float);
+  std::vector<std::byte> out(sizeof h + layers_.size() * h.rows * size_t(head_dim_) * elem);
+  std::memcpy(out.data(), &h, sizeof h);
+  std::byte* w = out.data() + sizeof h;
+  for (const auto& L : layers_)
+    for (int64_t p = p0; p < pos(); ++p) {
+      const float* r = row(L, p);
+      if (h.bf16) {
+        for (int d = 0; d < head_dim_; ++d, w += 2) {
+          const uint16_t b = uint16_t(f32_bits(r[d]) >> 16);
+          std::memcpy(w, &b, 2);
+        }
+      } else {
+        std::memcpy(w, r, size_t(head_dim_) * sizeof(float));
+        w += size_t(head_dim_) * sizeof(float);
+      }
+    }
+  return out;
+}
+
+void SequenceState::restore_snapshot(const PrefixPages& pages, std::span<const int32_t> tokens,
+                                     std::span<const std::byte> snap) {
+  SnapshotHeader h{};
+  if (snap.size() >= sizeof h) std::memcpy(&h, snap.data(), sizeof h);
+  const int64_t n = int64_t(tokens.size());
+  const size_t elem = h.bf16 ? sizeof(uint16_t) : sizeof(float);
+  if (snap.size() < sizeof h || h.magic != kSnapshotMagic || h.version != kSnapshotVersion || h.pos != n ||
+      h.n_layers != layers_.size() || h.head_dim != uint32_t(head_dim_) || h.bf16 > 1 ||
+      int64_t(h.rows) != std::min<int64_t>(n, window_ - 1) ||
+      snap.size() != sizeof h + layers_.size() * h.rows * size_t(head_dim_) * elem)
+    throw std::invalid_argument("restore_snapshot: the snapshot does not belong to this model or these tokens");
+  if (n % page_tokens_ != 0 || pages.n_tokens != n)
+    throw std::invalid_argument("restore_snapshot: the pages do not cover the snapshot's tokens");
+  adopt_prefix(pages, tokens);
+  const std::byte* r = snap.data() + sizeof h;
+  for (auto& L : layers_)
+    for (int64_t p = n - h.rows; p < n; ++p) {
+      float* dst = L.window.data() + size_t(p % window_cap_) * size_t(head_dim_);
+      if (h.bf16) {
+        for (int d = 0; d < head_dim_; ++d, r += 2) {
+          uint16_t b;
+          std::memcpy(&b, r, 2);
+          dst[d] = bf16_to_f32(b);
+        }
+      } else {
+        std::memcpy(dst, r, size_t(head_dim_) * sizeof(float));
+        r += size_t(head_dim_) * sizeof(float);
+      }
+    }
+  index_k_publisher = h.index_k_publisher;
 }
 
 size_t SequenceState::fixed_bytes() const {

@@ -68,6 +68,13 @@ class SequenceState final : public di::SequenceState {
   // The window rings of the adopted state are empty: Model::rebuild_windows fills them.
   PrefixPages share_prefix(int64_t n_tokens) const override;
   void adopt_prefix(const PrefixPages& pages, std::span<const int32_t> tokens) override;
+  // At a page boundary the compressor groups are closed (page_tokens is a multiple of every
+  // ratio) and the pages end there, so a snapshot is the window rows the next token attends to:
+  // min(pos, window - 1) rows per layer, as bf16 where every value is exactly a bf16 (FP8-QDQ'd
+  // rows are), else fp32.
+  std::vector<std::byte> snapshot() const override;
+  void restore_snapshot(const PrefixPages& pages, std::span<const int32_t> tokens,
+                        std::span<const std::byte> snapshot) override;
   // Bytes held (window rings, compressor tails, compressed rows, tokens).
   size_t bytes() const override;
   // Bytes of the fixed part (window rings and compressor inputs): what a state pool is charged.
@@ -84,7 +91,7 @@ class SequenceState final : public di::SequenceState {
   int index_k_publisher = -1;
 
  private:
-  int max_rollback_, window_cap_, comp_cap_, page_tokens_;
+  int max_rollback_, window_, window_cap_, comp_cap_, page_tokens_, head_dim_;
   PagePool* pool_;
   int64_t rollback_floor_ = 0;
   PoolReservation fixed_;
