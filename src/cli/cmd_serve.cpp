@@ -28,6 +28,7 @@ struct ServeArgs {
   server::ServerOptions server;
   engine::EngineOptions engine;
   double cache_mib = 1024;
+  double cache_ram_gib = 0;
   double state_mib = 0;
   double inflight_body_mib = 256;
   int threads = 0;  // the model's kernel threads
@@ -110,6 +111,7 @@ server::LoadedModel load_serving_model(const ServeArgs& a, const std::string& di
   engine::EngineOptions eo = a.engine;
   eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
   eo.state_budget_bytes = size_t(a.state_mib * 1024 * 1024);
+  eo.prefix_cache_bytes = size_t(a.cache_ram_gib * double(1 << 30));
   lm.engine = engine::Engine::create(std::move(model), eo);
   spdlog::info("engine started: cache {:.0f} MiB, {}-token pages, batch {} tokens, {} running, queue {}", a.cache_mib,
                eo.page_tokens, eo.max_batch_tokens, eo.max_running, eo.max_waiting);
@@ -232,6 +234,13 @@ void add_serve(CLI::App& app) {
   c->add_option("--max-waiting", a->engine.max_waiting, "Waiting queue length (429 beyond)")->capture_default_str();
   c->add_option("--max-context", a->engine.max_context, "Prompt + completion limit (0 = the model's)")->capture_default_str();
   c->add_flag("!--no-prefix-cache", a->engine.prefix_cache, "Disable the prefix cache");
+  c->add_option("--cache-ram-gib", a->cache_ram_gib,
+                "RAM tier: bytes the prefix cache may keep (pages and snapshots) in GiB, within --cache-mib; 0 = what --cache-mib leaves free")
+      ->capture_default_str();
+  c->add_option("--snapshot-interval", a->engine.snapshot_interval,
+                "Tokens between state snapshots in a prefill (a multiple of --page-tokens; 0 = only at prompt and completion ends)")
+      ->capture_default_str();
+  c->add_flag("!--no-snapshots", a->engine.snapshots, "Prefix hits replay the window instead of resuming from snapshots");
   c->add_flag("--priority-scheduling", a->engine.priority_scheduling, "Schedule by request 'priority' instead of FCFS");
   c->add_option("--threads", a->threads, "Kernel threads of the model (0 = all cores)")->capture_default_str();
   c->add_option("--log-level", a->log_level, "trace, debug, info, warn, error")->capture_default_str();

@@ -134,6 +134,12 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
     sample(out, "deepinfer_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache.", double(es->prefix_hit_tokens));
     sample(out, "deepinfer_prefix_cache_hit_rate", "gauge", "hit tokens / queried tokens since start (0 before any lookup).",
            es->prefix_lookup_tokens > 0 ? double(es->prefix_hit_tokens) / double(es->prefix_lookup_tokens) : 0.0);
+    sample(out, "deepinfer_snapshots", "gauge", "State snapshots the prefix cache holds.", double(es->snapshots));
+    sample(out, "deepinfer_snapshot_bytes", "gauge", "Bytes of those snapshots (part of prefix_cache_bytes).", double(es->snapshot_bytes));
+    sample(out, "deepinfer_snapshots_taken_total", "counter", "State snapshots taken.", double(es->snapshots_taken));
+    sample(out, "deepinfer_snapshot_hits_total", "counter", "Prefix hits that resumed from a snapshot.", double(es->snapshot_hits));
+    sample(out, "deepinfer_snapshot_evictions_total", "counter", "Snapshots evicted (LRU).", double(es->snapshot_evictions));
+    sample(out, "deepinfer_replayed_tokens_total", "counter", "Tokens re-run to rebuild state on prefix hits without a snapshot.", double(es->replayed_tokens));
     sample(out, "deepinfer_preemptions_total", "counter", "Sequences preempted (recomputed) for lack of cache pages.", double(es->preemptions));
     sample(out, "deepinfer_nonfinite_logits_total", "counter", "Logits rows with NaN/Inf; their requests failed.", double(es->nonfinite_logits));
     sample(out, "deepinfer_engine_steps_total", "counter", "Engine steps run.", double(es->steps));
