@@ -149,6 +149,7 @@ class FakeModel final : public Model {
   };
 
   const ModelInfo& info() const override { return info_; }
+  void set_cache_format(std::string f) { info_.cache_format = std::move(f); }
   std::vector<kvcache::StreamLayout> cache_layout(int page_tokens) const override {
     return {{"history", page_tokens, sizeof(Row), kvcache::ElementType::Bytes}};
   }

@@ -2,7 +2,10 @@
 // cache producing exactly what they produce without it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 
 #include "engine/prefix_cache.h"
 #include "test_engine_util.h"
@@ -264,6 +267,31 @@ TEST(EnginePrefixCache, SnapshotHitsReplayNothingAndMatchReplayAndMiss) {
     }
   EXPECT_EQ(a.pool().used_bytes(), a.prefix_cache().bytes()) << "snapshots are drawn from the cache budget";
   EXPECT_GT(a.prefix_cache().snapshot_bytes(), 0u);
+}
+
+TEST(EnginePrefixCache, DiskTierRestoresPagesAndSnapshotsForANewEngine) {
+  // The model's declared cache layout is what its pages hold: entries written by one engine and
+  // read by the next one (a restart) continue exactly like a cold run.
+  const auto c = test::corpus();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("di-v41-disk-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  EngineOptions o = test::small_options();
+  o.snapshot_interval = 64;
+  o.cache_dir = dir;
+  {
+    Scheduler a(model(), o);
+    run_in_turn(a, {test::greedy_request(test::slice(c, 0, 150), 2)});
+    a.disk()->tier().flush();
+  }
+  Scheduler b(model(), o);
+  auto extend = test::slice(c, 0, 150);
+  extend.insert(extend.end(), c.begin() + 160, c.begin() + 180);
+  const auto r = run_in_turn(b, {test::greedy_request(extend, 5)});
+  EXPECT_EQ(r[0]->start.cached_tokens, 144);
+  EXPECT_EQ(b.disk()->snapshots_read(), 1);
+  EXPECT_EQ(b.counters().snapshot_hits, 1);
+  EXPECT_EQ(r[0]->tokens[0], test::greedy_alone(model(), extend, 5));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(EnginePrefixCache, RamTierCapacityEvictsSnapshotsAndPagesLruFirst) {

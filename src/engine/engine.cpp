@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -122,6 +123,18 @@ class EngineImpl final : public Engine {
 
   const Model& model() const override { return *model_; }
 
+  uint64_t flush_cache() override {
+    std::promise<uint64_t> done;
+    std::future<uint64_t> result = done.get_future();
+    {
+      std::lock_guard lk(mu_);
+      if (stopping_) return 0;
+      flushes_.push_back(std::move(done));
+      cv_.notify_one();
+    }
+    return result.get();
+  }
+
  private:
   struct Pending {
     uint64_t id = 0, seed = 0;
@@ -141,21 +154,28 @@ class EngineImpl final : public Engine {
     std::vector<uint64_t> cancels;
     std::vector<std::pair<uint64_t, int>> stops;
     std::vector<std::pair<uint64_t, bool>> pauses;
+    std::vector<std::promise<uint64_t>> flushes;
     bool busy = false;
     for (;;) {
       bool stop = false;
       {
         std::unique_lock lk(mu_);
         if (!busy)
-          cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !stops_.empty() || !pauses_.empty(); });
+          cv_.wait(lk, [&] {
+            return stopping_ || !inbox_.empty() || !cancels_.empty() || !stops_.empty() || !pauses_.empty() ||
+                   !flushes_.empty();
+          });
         for (auto& p : inbox_) sched_.add(p.id, std::move(p.params), std::move(p.sink), p.seed, p.submitted);
         inbox_.clear();
         inbox_tokens_ = 0;
         cancels.swap(cancels_);
         stops.swap(stops_);
         pauses.swap(pauses_);
+        flushes.swap(flushes_);
         stop = stopping_;
       }
+      for (auto& f : flushes) f.set_value(sched_.flush_cache());
+      flushes.clear();
       for (uint64_t id : cancels) sched_.cancel(id);
       cancels.clear();
       for (auto [id, c] : stops) sched_.stop_choice(id, c);
@@ -216,6 +236,12 @@ class EngineImpl final : public Engine {
     stats_.snapshots_taken = c.snapshots_taken;
     stats_.snapshot_hits = c.snapshot_hits;
     stats_.replayed_tokens = c.replayed_tokens;
+    if (const DiskCache* d = sched_.disk()) {
+      stats_.disk = true;
+      stats_.disk_stats = d->tier().stats();
+      stats_.disk_pages_read = d->pages_read();
+      stats_.disk_snapshots_read = d->snapshots_read();
+    }
   }
 
   std::shared_ptr<const Model> model_;
@@ -228,6 +254,7 @@ class EngineImpl final : public Engine {
   std::vector<uint64_t> cancels_;
   std::vector<std::pair<uint64_t, int>> stops_;
   std::vector<std::pair<uint64_t, bool>> pauses_;
+  std::vector<std::promise<uint64_t>> flushes_;
   bool stopping_ = false;
   uint64_t next_id_ = 1;
   std::mt19937_64 rng_;  // seeds for requests without one

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvcache/disk_tier.h"
 #include "model/model.h"
 
 namespace di::engine {
@@ -100,6 +101,17 @@ struct EngineOptions {
   // so that a prefix hit resumes there instead of replaying the window.
   bool snapshots = true;
   int64_t snapshot_interval = 2048;
+  // The disk tier (empty cache_dir = none): a directory on a local disk or a shared mount (3FS,
+  // NFS) that several engines, in this process or others, use at once. Entries are written
+  // through when a prompt finishes and when a choice ends (once hit disk_write_min_hits times);
+  // a request's disk hits are read into RAM while it waits, for at most disk_prefetch_timeout.
+  std::string cache_dir;
+  uint64_t cache_disk_bytes = 64ull << 30;
+  std::chrono::seconds cache_ttl = std::chrono::hours(24 * 7);
+  int disk_io_threads = 2;
+  bool disk_io_uring = false;  // else a pread thread pool
+  int disk_write_min_hits = 0;
+  std::chrono::milliseconds disk_prefetch_timeout{2000};
   bool priority_scheduling = false;  // else FCFS
   int max_rollback = 8;
 };
@@ -130,6 +142,9 @@ struct EngineStats {
   int64_t snapshots = 0, snapshots_taken = 0, snapshot_hits = 0, snapshot_evictions = 0;
   size_t snapshot_bytes = 0;
   int64_t replayed_tokens = 0;  // tokens re-run to rebuild state on prefix hits without a snapshot
+  bool disk = false;            // a disk tier is configured: the fields below are set
+  kvcache::DiskTierStats disk_stats;
+  int64_t disk_pages_read = 0, disk_snapshots_read = 0;  // moved from disk into RAM for requests
 };
 
 class Engine {
@@ -148,6 +163,9 @@ class Engine {
   // (e.g. its client is not reading its stream). Unknown ids are ignored; test doubles may ignore it.
   virtual void set_paused(uint64_t id, bool paused) { (void)id, (void)paused; }
   virtual EngineStats stats() const = 0;
+  // Empties the prefix cache's tiers (RAM entries nobody uses, every disk entry) and returns the
+  // number of entries removed. Test doubles may have nothing to flush.
+  virtual uint64_t flush_cache() { return 0; }
   // Finishes running work with Cancelled and stops the engine thread.
   virtual void shutdown() = 0;
   virtual const Model& model() const = 0;

@@ -104,6 +104,8 @@ struct PrefixCache::Entry {
   kvcache::PageRef snapshot;  // of a state that ended at this page; null = none
   std::list<Entry*>::iterator snap_lru;
   uint64_t snap_used = 0;
+  int hits = 0;
+  bool written = false, snapshot_written = false;  // handed to the tier below
   // A live sequence shares a page: evicting the entry would free nothing.
   bool shared() const {
     for (const auto& p : pages)
@@ -161,6 +163,7 @@ size_t PrefixCache::acquire(std::span<const CacheKey> keys, std::vector<Entry*>&
     if (it == map_.end()) break;
     Entry* e = it->second.get();
     ++e->refs;
+    ++e->hits;
     touch(e);
     held.push_back(e);
     ++n;
@@ -223,12 +226,13 @@ void PrefixCache::touch(Entry* e) {
   e->used = ++clock_;
 }
 
-void PrefixCache::insert_snapshot(const CacheKey& key, kvcache::PageRef snapshot) {
+void PrefixCache::insert_snapshot(const CacheKey& key, kvcache::PageRef snapshot, bool from_below) {
   auto it = map_.find(key);
   if (it == map_.end() || !snapshot) return;
   Entry* e = it->second.get();
   drop_snapshot(e);
   e->snapshot = std::move(snapshot);
+  e->snapshot_written = from_below;
   snapshot_bytes_ += e->snapshot->size();
   e->snap_lru = snap_lru_.insert(snap_lru_.end(), e);
   e->snap_used = ++clock_;
@@ -250,6 +254,45 @@ size_t PrefixCache::find_snapshot(std::span<Entry* const> held, std::span<const 
     return k;
   }
   return 0;
+}
+
+bool PrefixCache::install(const CacheKey* parent_key, const CacheKey& key, std::vector<kvcache::PageRef> pages) {
+  if (map_.count(key)) return true;
+  Entry* parent = nullptr;
+  if (parent_key) {
+    auto it = map_.find(*parent_key);
+    if (it == map_.end()) return false;
+    parent = it->second.get();
+    ++parent->children;
+  }
+  auto e = std::make_unique<Entry>();
+  e->key = key;
+  e->parent = parent;
+  e->pages = std::move(pages);
+  for (const auto& p : e->pages) e->bytes += p->size();
+  e->written = true;
+  bytes_ += e->bytes;
+  Entry* raw = e.get();
+  raw->lru = lru_.insert(lru_.end(), raw);
+  raw->used = ++clock_;
+  map_.emplace(key, std::move(e));
+  trim();
+  return true;
+}
+
+std::vector<PrefixCache::Unwritten> PrefixCache::take_unwritten(std::span<const CacheKey> keys, int min_hits) {
+  std::vector<Unwritten> out;
+  for (const CacheKey& k : keys) {
+    auto it = map_.find(k);
+    if (it == map_.end()) break;
+    Entry* e = it->second.get();
+    if (e->hits < min_hits) continue;
+    Unwritten u{k, {}, nullptr};
+    if (!e->written) u.pages = e->pages, e->written = true;
+    if (e->snapshot && !e->snapshot_written) u.snapshot = e->snapshot, e->snapshot_written = true;
+    if (!u.pages.empty() || u.snapshot) out.push_back(std::move(u));
+  }
+  return out;
 }
 
 void PrefixCache::drop_snapshot(Entry* e) {

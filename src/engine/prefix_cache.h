@@ -77,7 +77,8 @@ class PrefixCache {
 
   // Attaches the snapshot of a state that ended at the page `key` names (inserted already; else
   // nothing happens). Replaces an older one. Its bytes come from the pool the caller drew it from.
-  void insert_snapshot(const CacheKey& key, kvcache::PageRef snapshot);
+  // `from_below`: read from the tier below, so take_unwritten does not hand it out.
+  void insert_snapshot(const CacheKey& key, kvcache::PageRef snapshot, bool from_below = false);
   bool has_snapshot(const CacheKey& key) const;
   // Among the first n of `held`, the furthest entry with a snapshot: the number of pages up to and
   // including it (0 = none), marked recently used; its bytes stay valid until the next call that
@@ -91,6 +92,19 @@ class PrefixCache {
 
   // Bytes make_room could free now (entries nobody references or shares).
   size_t reclaimable_bytes() const;
+
+  // Tiers below (the disk): whether a key is cached here, and adding an entry read back from
+  // there (its parent, the previous page's key, must be cached already unless `parent` is null).
+  bool contains(const CacheKey& key) const { return map_.count(key) != 0; }
+  bool install(const CacheKey* parent, const CacheKey& key, std::vector<kvcache::PageRef> pages);
+  // Entries along `keys` (and their snapshots) not handed out yet whose hits reached `min_hits`,
+  // handed out once (for a write to the disk tier); they stop at the first key not cached.
+  struct Unwritten {
+    CacheKey key;
+    std::vector<kvcache::PageRef> pages;  // empty when only the snapshot is new
+    kvcache::PageRef snapshot;
+  };
+  std::vector<Unwritten> take_unwritten(std::span<const CacheKey> keys, int min_hits);
 
   // Caps the bytes of entries and snapshots (the RAM tier's budget); 0 = only the pool's budget.
   // Inserts evict down to it, least recently used first, as far as entries are evictable.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/disk_cache.h"
 #include "engine/engine.h"
 #include "engine/prefix_cache.h"
 #include "model/model.h"
@@ -37,6 +38,7 @@ struct Seq {
   // choice ends), and its position.
   kvcache::PageRef snapshot;
   int64_t snapshot_pos = 0;
+  std::unique_ptr<DiskCache::Fetch> fetch;  // disk reads for this choice's prefix, until admitted
 
   int64_t prompt_len() const;
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len(); }

@@ -53,6 +53,16 @@ Scheduler::Scheduler(const Model& model, const EngineOptions& opts)
   if (opts_.snapshot_interval < 0 || opts_.snapshot_interval % opts_.page_tokens != 0)
     throw std::invalid_argument("snapshot_interval must be a multiple of page_tokens (0 = none)");
   cache_.set_capacity(opts_.prefix_cache_bytes);
+  if (opts_.prefix_cache && !opts_.cache_dir.empty()) {
+    kvcache::DiskTierOptions d;
+    d.dir = opts_.cache_dir;
+    d.capacity_bytes = opts_.cache_disk_bytes;
+    d.ttl = opts_.cache_ttl;
+    d.format_id = model.info().cache_format;
+    d.io_threads = opts_.disk_io_threads;
+    d.reader = opts_.disk_io_uring ? kvcache::DiskTierOptions::Reader::IoUring : kvcache::DiskTierOptions::Reader::Pread;
+    disk_ = std::make_unique<DiskCache>(std::move(d), model.cache_layout(opts_.page_tokens), opts_.disk_write_min_hits);
+  }
 }
 
 Scheduler::~Scheduler() {
@@ -83,6 +93,12 @@ void Scheduler::add(uint64_t id, RequestParams params, std::shared_ptr<RequestSi
   s->tokens.reserve(r->params.prompt.size() + size_t(r->params.max_tokens) + 1);
   s->tokens = r->params.prompt;
   s->stream_key = choice_stream_key(r->seed, 0);
+  if (disk_) {
+    // Disk hits are read into RAM while the request waits for admission.
+    const int pt = opts_.page_tokens;
+    cache_.extend_keys(r->cache_root, s->tokens, size_t((int64_t(s->tokens.size()) - 1) / pt), s->keys);
+    s->fetch = disk_->start_fetch(cache_, s->keys, use_snapshots(), opts_.disk_prefetch_timeout);
+  }
   waiting_.insert(s.get());
   r->seqs.push_back(std::move(s));
   ++unstarted_;
@@ -116,10 +132,33 @@ void Scheduler::drop_state(Seq* s, bool cache_pages) {
     // Where the next turn of a chat resumes: the last page boundary the choice reached.
     if (s->snapshot && s->snapshot_pos <= s->state->pos())
       cache_.insert_snapshot(s->keys[size_t(s->snapshot_pos / opts_.page_tokens) - 1], std::move(s->snapshot));
+    if (disk_) disk_->write_through(cache_, s->keys);
   }
   s->snapshot.reset();
   cache_.release(s->held);
   s->state.reset();
+}
+
+void Scheduler::poll_fetches() {
+  if (!disk_) return;
+  const auto now = Clock::now();
+  for (Seq* s : waiting_)
+    if (s->fetch && (s->fetch->ready() || now >= s->fetch->deadline)) {
+      disk_->install(*s->fetch, s->keys, cache_, pool_);
+      s->fetch.reset();
+    }
+}
+
+bool Scheduler::fetch_pending() const {
+  return std::any_of(waiting_.begin(), waiting_.end(), [](const Seq* s) { return s->fetch != nullptr; });
+}
+
+uint64_t Scheduler::flush_cache() {
+  const size_t before = cache_.entries();
+  cache_.evict_all();
+  uint64_t n = before - cache_.entries();
+  if (disk_) n += disk_->tier().clear();
+  return n;
 }
 
 bool Scheduler::snapshot_point(const Seq& s, int64_t pos) const {
@@ -165,6 +204,7 @@ void Scheduler::after_chunk(Seq* s, bool prefill) {
     const CacheKey& key = s->keys[size_t(pos / pt) - 1];
     cache_.insert(*s->state, std::span(s->keys).first(size_t(pos / pt)));
     if (!cache_.has_snapshot(key)) cache_.insert_snapshot(key, take_snapshot(*s));
+    if (disk_) disk_->write_through(cache_, std::span(s->keys).first(size_t(pos / pt)));
   } else if (!prefill) {
     s->snapshot.reset();  // its bytes go back before the new one is drawn
     s->snapshot = take_snapshot(*s);
@@ -330,10 +370,25 @@ bool Scheduler::step() {
     schedule(s, c);
     budget -= c;
   }
-  // 3. Admissions, in queue order; the head waits rather than being overtaken.
-  while (budget > 0 && !waiting_.empty() && int(running_.size()) < opts_.max_running)
-    if (!admit(*waiting_.begin(), budget)) break;
+  // 3. Admissions, in queue order; the head waits rather than being overtaken, except by requests
+  //    behind it while it waits for its disk reads.
+  poll_fetches();
+  for (auto it = waiting_.begin(); budget > 0 && it != waiting_.end() && int(running_.size()) < opts_.max_running;) {
+    Seq* s = *it++;  // admit erases s
+    if (s->fetch) continue;
+    if (!admit(s, budget)) break;
+  }
 
+  if (items_.empty() && fetch_pending()) {
+    // Nothing to run until a disk read completes: wait a little for one instead of spinning.
+    for (Seq* s : waiting_)
+      if (s->fetch) {
+        s->fetch->wait_until(std::min(s->fetch->deadline, Clock::now() + std::chrono::milliseconds(2)));
+        break;
+      }
+    collect_done();
+    return true;
+  }
   if (items_.empty()) {
     // Paused choices wait for their clients; nothing else can run until one resumes.
     if (std::all_of(running_.begin(), running_.end(), [](const Seq* s) { return s->req->paused; }) && !running_.empty()) {
@@ -430,6 +485,7 @@ void Scheduler::fork(Seq* leader) {
     // The prompt's full pages become reusable now, not only when the request ends.
     cache_.extend_keys(r->cache_root, leader->tokens, size_t(leader->state->pos() / opts_.page_tokens), leader->keys);
     cache_.insert(*leader->state, leader->keys);
+    if (disk_) disk_->write_through(cache_, leader->keys);
   }
   for (int c = 1; c < r->params.n; ++c) {
     auto f = std::make_unique<Seq>();

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/disk_cache.h"
 #include "engine/engine.h"
 #include "engine/prefix_cache.h"
 #include "engine/request.h"
@@ -73,6 +74,10 @@ class Scheduler {
   const kvcache::PagePool& pool() const { return pool_; }
   const kvcache::PagePool& state_pool() const { return state_pool_; }
   PrefixCache& prefix_cache() { return cache_; }
+  DiskCache* disk() { return disk_.get(); }
+  const DiskCache* disk() const { return disk_.get(); }
+  // Empties the RAM tier (entries nobody uses) and the disk tier; returns the entries removed.
+  uint64_t flush_cache();
   const PrefixCache& prefix_cache() const { return cache_; }
   const EngineOptions& options() const { return opts_; }
   // Cache bytes a fresh sequence of n_tokens tokens needs.
@@ -94,6 +99,8 @@ class Scheduler {
   bool snapshot_point(const Seq& s, int64_t pos) const;
   kvcache::PageRef take_snapshot(const Seq& s);
   void after_chunk(Seq* s, bool prefill);
+  void poll_fetches();       // moves finished (or timed out) disk reads of waiting choices into RAM
+  bool fetch_pending() const;  // a waiting choice still waits for its disk reads
   bool use_snapshots() const { return opts_.prefix_cache && opts_.snapshots && model_.has_snapshots(); }
   bool admit(Seq* s, int64_t& budget);
   void schedule(Seq* s, int64_t n);
@@ -114,6 +121,7 @@ class Scheduler {
   kvcache::PagePool pool_;
   kvcache::PagePool state_pool_;  // fixed per-sequence state
   PrefixCache cache_;
+  std::unique_ptr<DiskCache> disk_;
   std::unique_ptr<SequenceState> blank_;  // for sizing: bytes a fresh sequence needs
   size_t page_set_bytes_;     // one token page in every paged cache
   TokenSampler sampler_;
