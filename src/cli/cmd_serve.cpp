@@ -23,12 +23,29 @@
 namespace di::cli {
 namespace {
 
+// "90", "90s", "15m", "12h", "7d".
+std::chrono::seconds parse_duration(const std::string& text) {
+  size_t used = 0;
+  long long n = -1;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+  }
+  const std::string unit = text.substr(used);
+  const long long scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : 0;
+  if (n <= 0 || scale == 0) throw CLI::ValidationError("--cache-ttl", "expected a positive duration like 3600, 90m, 12h or 7d, got \"" + text + "\"");
+  return std::chrono::seconds(n * scale);
+}
+
 struct ServeArgs {
   std::string model_dir, tokenizer, chat_format, log_level = "info", numerics;
   server::ServerOptions server;
   engine::EngineOptions engine;
   double cache_mib = 1024;
   double cache_ram_gib = 0;
+  double cache_disk_gib = 64;
+  std::string cache_ttl = "7d";
+  int64_t cache_prefetch_ms = 2000;
   double state_mib = 0;
   double inflight_body_mib = 256;
   int threads = 0;  // the model's kernel threads
@@ -112,6 +129,9 @@ server::LoadedModel load_serving_model(const ServeArgs& a, const std::string& di
   eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
   eo.state_budget_bytes = size_t(a.state_mib * 1024 * 1024);
   eo.prefix_cache_bytes = size_t(a.cache_ram_gib * double(1 << 30));
+  eo.cache_disk_bytes = uint64_t(a.cache_disk_gib * double(1 << 30));
+  eo.cache_ttl = parse_duration(a.cache_ttl);
+  eo.disk_prefetch_timeout = std::chrono::milliseconds(a.cache_prefetch_ms);
   lm.engine = engine::Engine::create(std::move(model), eo);
   spdlog::info("engine started: cache {:.0f} MiB, {}-token pages, batch {} tokens, {} running, queue {}", a.cache_mib,
                eo.page_tokens, eo.max_batch_tokens, eo.max_running, eo.max_waiting);
@@ -241,6 +261,21 @@ void add_serve(CLI::App& app) {
                 "Tokens between state snapshots in a prefill (a multiple of --page-tokens; 0 = only at prompt and completion ends)")
       ->capture_default_str();
   c->add_flag("!--no-snapshots", a->engine.snapshots, "Prefix hits replay the window instead of resuming from snapshots");
+  c->add_option("--cache-dir", a->engine.cache_dir,
+                "Disk tier of the prefix cache: a directory on a local disk or a shared mount (3FS, NFS) that several servers may use")
+      ->capture_default_str();
+  c->add_option("--cache-disk-gib", a->cache_disk_gib, "Disk tier capacity in GiB (least recently used entries go first)")
+      ->capture_default_str();
+  c->add_option("--cache-ttl", a->cache_ttl, "Disk entries not used for this long are removed: N[s|m|h|d]")
+      ->capture_default_str();
+  c->add_option("--cache-io-threads", a->engine.disk_io_threads, "Disk tier reader threads")->capture_default_str();
+  c->add_flag("--cache-io-uring", a->engine.disk_io_uring, "Disk tier reads through io_uring (else pread threads)");
+  c->add_option("--cache-write-min-hits", a->engine.disk_write_min_hits,
+                "Write an entry to disk once it was hit this often (0 = write-through)")
+      ->capture_default_str();
+  c->add_option("--cache-prefetch-timeout-ms", a->cache_prefetch_ms,
+                "A request waits at most this long for its disk hits before it runs without them")
+      ->capture_default_str();
   c->add_flag("--priority-scheduling", a->engine.priority_scheduling, "Schedule by request 'priority' instead of FCFS");
   c->add_option("--threads", a->threads, "Kernel threads of the model (0 = all cores)")->capture_default_str();
   c->add_option("--log-level", a->log_level, "trace, debug, info, warn, error")->capture_default_str();

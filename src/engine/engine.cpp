@@ -109,6 +109,8 @@ class EngineImpl final : public Engine {
     std::lock_guard lk(mu_);
     EngineStats s = stats_;
     s.waiting += int(inbox_.size());
+    // The disk tier's threads go on between steps (and while the engine idles): read it live.
+    if (const DiskCache* d = sched_.disk()) s.disk_stats = d->tier().stats();
     return s;
   }
 

@@ -140,6 +140,29 @@ std::string Metrics::render(const std::optional<engine::EngineStats>& es, int op
     sample(out, "deepinfer_snapshot_hits_total", "counter", "Prefix hits that resumed from a snapshot.", double(es->snapshot_hits));
     sample(out, "deepinfer_snapshot_evictions_total", "counter", "Snapshots evicted (LRU).", double(es->snapshot_evictions));
     sample(out, "deepinfer_replayed_tokens_total", "counter", "Tokens re-run to rebuild state on prefix hits without a snapshot.", double(es->replayed_tokens));
+    if (es->disk) {
+      const auto& d = es->disk_stats;
+      sample(out, "deepinfer_disk_cache_hits_total", "counter", "Disk-tier entries read back whole and verified.", double(d.hits));
+      sample(out, "deepinfer_disk_cache_hit_bytes_total", "counter", "Bytes of those entries.", double(d.hit_bytes));
+      sample(out, "deepinfer_disk_cache_misses_total", "counter", "Disk-tier reads that found no usable entry.", double(d.misses));
+      sample(out, "deepinfer_disk_cache_corrupt_removed_total", "counter", "Damaged, short or foreign disk entries removed.", double(d.corrupt_removed));
+      sample(out, "deepinfer_disk_cache_pages_read_total", "counter", "Token pages moved from disk into RAM for requests.", double(es->disk_pages_read));
+      sample(out, "deepinfer_disk_cache_snapshots_read_total", "counter", "Snapshots moved from disk into RAM for requests.", double(es->disk_snapshots_read));
+      sample(out, "deepinfer_disk_cache_writes_total", "counter", "Disk-tier entries published.", double(d.writes));
+      sample(out, "deepinfer_disk_cache_write_bytes_total", "counter", "Payload bytes of those entries.", double(d.write_bytes));
+      sample(out, "deepinfer_disk_cache_writes_dropped_total", "counter", "Writes dropped (queue full, disk full, duplicates).", double(d.writes_dropped));
+      sample(out, "deepinfer_disk_cache_write_errors_total", "counter", "Writes that failed (other than a full disk).", double(d.write_errors));
+      sample(out, "deepinfer_disk_cache_evictions_total", "counter", "Disk entries evicted for capacity (least recently used).", double(d.evictions));
+      sample(out, "deepinfer_disk_cache_expirations_total", "counter", "Disk entries removed after the TTL.", double(d.expirations));
+      sample(out, "deepinfer_disk_cache_bytes", "gauge", "Bytes of entry files in the directory (last scan and own changes).", double(d.bytes_on_disk));
+      sample(out, "deepinfer_disk_cache_entries", "gauge", "Entry files in the directory (last scan and own changes).", double(d.entries_on_disk));
+      sample(out, "deepinfer_disk_cache_queued_writes", "gauge", "Writes waiting for the writer threads.", double(d.queued_writes));
+      sample(out, "deepinfer_disk_cache_queued_write_bytes", "gauge", "Bytes of those writes.", double(d.queued_write_bytes));
+      sample(out, "deepinfer_disk_cache_queued_reads", "gauge", "Reads waiting for the reader threads.", double(d.queued_reads));
+      sample(out, "deepinfer_disk_cache_read_seconds_total", "counter", "Time of disk-tier reads (request to result); hit_bytes over it is the read throughput.", d.read_seconds);
+      sample(out, "deepinfer_disk_cache_write_seconds_total", "counter", "Time of disk-tier writes (open to rename); write_bytes over it is the write throughput.", d.write_seconds);
+      sample(out, "deepinfer_disk_cache_full", "gauge", "1 while writes are off after the disk filled up.", d.disk_full ? 1.0 : 0.0);
+    }
     sample(out, "deepinfer_preemptions_total", "counter", "Sequences preempted (recomputed) for lack of cache pages.", double(es->preemptions));
     sample(out, "deepinfer_nonfinite_logits_total", "counter", "Logits rows with NaN/Inf; their requests failed.", double(es->nonfinite_logits));
     sample(out, "deepinfer_engine_steps_total", "counter", "Engine steps run.", double(es->steps));

@@ -183,7 +183,8 @@ constexpr Route kRoutes[] = {{"/health", "GET, HEAD"},
                              {"/v1/completions", "POST"},
                              {"/v1/chat/completions", "POST"},
                              {"/tokenize", "POST"},
-                             {"/detokenize", "POST"}};
+                             {"/detokenize", "POST"},
+                             {"/cache/flush", "POST"}};
 
 bool method_allowed(std::string_view methods, std::string_view method) {
   size_t pos = 0;
@@ -329,6 +330,13 @@ void Server::handle(HttpRequest&& req, std::shared_ptr<HttpExchange> ex) {
       spdlog::error("{} {}: {}", method, path, e.what());
       respond_error(*ex, endpoint, err);
     };
+    if (path == "/cache/flush") {
+      // Waits for the engine thread and unlinks files: a worker's job, not an io thread's.
+      const uint64_t removed = ctx->engine->flush_cache();
+      spdlog::info("cache flush: {} entries removed", removed);
+      metrics_.count_request(endpoint, 200);
+      return ex->respond(200, nlohmann::json{{"flushed", true}, {"entries_removed", removed}}.dump());
+    }
     if (path == "/tokenize" || path == "/detokenize") {
       std::variant<std::string, openai::ApiError> r;
       try {
@@ -375,9 +383,11 @@ std::optional<HttpRejection> Server::check_headers(const HttpHeaderView& h) {
   return HttpRejection{e.status, openai::error_body(e), "application/json", e.headers};
 }
 
-// The API key, where one is set, guards /v1/* and the tokenizer endpoints (not /health, /metrics, /version).
+// The API key, where one is set, guards /v1/*, the tokenizer endpoints and /cache/flush (not
+// /health, /metrics, /version).
 std::optional<openai::ApiError> Server::check_key(std::string_view target, std::string_view authorization) const {
-  const bool guarded = target.rfind("/v1/", 0) == 0 || target == "/tokenize" || target == "/detokenize";
+  const bool guarded =
+      target.rfind("/v1/", 0) == 0 || target == "/tokenize" || target == "/detokenize" || target == "/cache/flush";
   if (opt_.api_key.empty() || !guarded) return std::nullopt;
   const std::string_view prefix = "Bearer ";
   if (authorization.size() > prefix.size() && authorization.substr(0, prefix.size()) == prefix &&
