@@ -127,12 +127,15 @@ int main(int argc, char** argv) {
   app.add_option("--io-threads", io_threads, "DiskTier reader threads / io_uring rings");
   app.add_option("--uring-depth", uring_depth, "reads in flight per io_uring ring");
   app.add_option("--json", json_path, "write the results here");
+  std::string note;
+  app.add_option("--note", note, "free text recorded in the JSON (machine load, disk)");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json out;
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
   out["command"] = cmd;
+  if (!note.empty()) out["note"] = note;
   char date[64];
   const time_t now = time(nullptr);
   strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
