@@ -160,12 +160,17 @@ struct DiskTier::Impl {
   int dirfd = -1;
   size_t hdr_bytes = 0;
   bool have_openat2 = false;
+  // Reads open with O_NOATIME: the tier sets access times itself, and a kernel atime update on
+  // read (relatime updates when atime <= mtime) would defeat atime_refresh. Only the owner (or
+  // CAP_FOWNER) may use it; the first EPERM turns it off.
+  mutable std::atomic<bool> noatime{true};
   DiskTierOptions::Reader reader_kind = DiskTierOptions::Reader::Pread;
 
   std::atomic<uint64_t> hits{0}, hit_bytes{0}, misses{0}, corrupt_removed{0}, read_errors{0};
   std::atomic<uint64_t> writes{0}, write_bytes{0}, writes_dropped{0}, writes_existing{0}, write_errors{0};
   std::atomic<uint64_t> evictions{0}, expirations{0}, temps_removed{0}, sweeps{0};
   std::atomic<int64_t> est_bytes{0}, est_entries{0};
+  std::atomic<int64_t> published_bytes{0}, published_entries{0};  // by this process, ever
   std::atomic<uint64_t> read_ns{0}, write_ns{0};
   std::atomic<int64_t> queued_reads{0};
   std::atomic<bool> index_ready{false};
@@ -361,7 +366,7 @@ class UringRing {
   void prep_open(ReadReq* r) {
     r->stage = kOpen;
     r->how = {};
-    r->how.flags = O_RDONLY | O_CLOEXEC;
+    r->how.flags = O_RDONLY | O_CLOEXEC | (t_.noatime.load(std::memory_order_relaxed) ? O_NOATIME : 0);
     r->how.resolve = kResolve;
     io_uring_sqe* s = sqe();
     io_uring_prep_openat2(s, t_.dirfd, r->rel.c_str(), &r->how);
@@ -380,6 +385,10 @@ class UringRing {
   void on_cqe(ReadReq* r, int res) {
     switch (r->stage) {
       case kOpen:
+        if (res == -EPERM && (r->how.flags & O_NOATIME)) {
+          t_.noatime = false;
+          return prep_open(r);
+        }
         if (res < 0) {
           // ELOOP/EXDEV: a symlink on the path, which the tier never makes.
           finish(r, res == -ENOENT ? ReadEnd::Missing : (res == -ELOOP || res == -EXDEV) ? ReadEnd::Bad : ReadEnd::Error, -res);
@@ -560,15 +569,27 @@ int DiskTier::Impl::open_subdir(int index, bool create) const {
 }
 
 int DiskTier::Impl::open_entry(const std::string& rel) const {
-  if (have_openat2) return int(sys_openat2(dirfd, rel.c_str(), O_RDONLY | O_CLOEXEC, kResolve));
-  const size_t slash = rel.find('/');
-  const int sub = openat(dirfd, rel.substr(0, slash).c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (sub < 0) return -1;
-  const int fd = openat(sub, rel.c_str() + slash + 1, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  const int err = errno;
-  close(sub);
-  errno = err;
-  return fd;
+  for (;;) {
+    const bool na = noatime.load(std::memory_order_relaxed);
+    const int flags = O_RDONLY | O_CLOEXEC | (na ? O_NOATIME : 0);
+    int fd;
+    if (have_openat2) {
+      fd = int(sys_openat2(dirfd, rel.c_str(), uint64_t(flags), kResolve));
+    } else {
+      const size_t slash = rel.find('/');
+      const int sub = openat(dirfd, rel.substr(0, slash).c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0) return -1;
+      fd = openat(sub, rel.c_str() + slash + 1, flags | O_NOFOLLOW);
+      const int err = errno;
+      close(sub);
+      errno = err;
+    }
+    if (fd < 0 && errno == EPERM && na) {
+      noatime = false;
+      continue;
+    }
+    return fd;
+  }
 }
 
 void DiskTier::Impl::sub_estimate(int64_t bytes, int64_t entries) {
@@ -834,6 +855,8 @@ void DiskTier::Impl::write_one(const WriteJob& j) {
   write_bytes += j.bytes;
   write_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
   est_entries.fetch_add(1, std::memory_order_relaxed);
+  published_entries.fetch_add(1, std::memory_order_relaxed);
+  published_bytes.fetch_add(int64_t(hdr_bytes + j.bytes), std::memory_order_relaxed);
   const int64_t total = est_bytes.fetch_add(int64_t(hdr_bytes + j.bytes), std::memory_order_relaxed) + int64_t(hdr_bytes + j.bytes);
   {
     std::lock_guard lk(full_mu);
@@ -873,6 +896,9 @@ void DiskTier::Impl::sweeper_loop() {
 // another process refreshed since the first scan stays.
 void DiskTier::Impl::pass() {
   std::lock_guard pl(pass_mu);
+  // Entries this process publishes during the scan may or may not be seen by it: they are added
+  // to the result, so the estimate errs high (and an extra pass corrects it), never low.
+  const int64_t pub_bytes0 = published_bytes, pub_entries0 = published_entries;
   const int64_t now = unix_ns_now();
   const int64_t ttl_cut = now - std::chrono::duration_cast<std::chrono::nanoseconds>(opt.ttl).count();
   const int64_t temp_cut = now - std::chrono::duration_cast<std::chrono::nanoseconds>(opt.temp_grace).count();
@@ -947,9 +973,12 @@ void DiskTier::Impl::pass() {
     total -= std::min(total, freed);
     entries -= std::min(entries, removed);
   }
-  est_bytes = int64_t(total);
-  est_entries = int64_t(entries);
+  est_bytes = int64_t(total) + (published_bytes - pub_bytes0);
+  est_entries = int64_t(entries) + (published_entries - pub_entries0);
   index_ready = true;
+  // Over capacity only through writes made during the scan: look again (without writes, the pass
+  // itself got below the watermark or could not, and another pass would not either).
+  if (published_bytes != pub_bytes0 && uint64_t(est_bytes.load()) > opt.capacity_bytes && !sstop) request_sweep();
   ++sweeps;
 }
 
@@ -1015,8 +1044,8 @@ uint64_t DiskTier::clear() {
     t.wdone.wait(lk, [&] { return t.writing == 0; });
   }
   std::lock_guard pl(t.pass_mu);
+  const int64_t pub_bytes0 = t.published_bytes, pub_entries0 = t.published_entries;
   uint64_t removed = 0;
-  int64_t bytes = 0;
   EntryKey key;
   for (int i = 0; i < 256; ++i) {
     const int sub = t.open_subdir(i, false);
@@ -1026,13 +1055,14 @@ uint64_t DiskTier::clear() {
       if (disk::parse_entry_name(name, &key) && fstatat(sub, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode) &&
           unlinkat(sub, name, 0) == 0) {
         ++removed;
-        if (S_ISREG(st.st_mode)) bytes += st.st_size;
       }
       return true;
     });
     close(sub);
   }
-  t.sub_estimate(bytes, int64_t(removed));
+  // Empty now but for what this process published meanwhile (errs high, as a pass does).
+  t.est_bytes = t.published_bytes - pub_bytes0;
+  t.est_entries = t.published_entries - pub_entries0;
   return removed;
 }
 
