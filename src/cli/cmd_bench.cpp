@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "bench/model_bench.h"
+#include "bench/prefix_bench.h"
 #include "bench/serve_bench.h"
 #include "cli/commands.h"
 #include "engine/engine.h"
@@ -177,6 +178,40 @@ bench::ServeResult serve_in_process(std::shared_ptr<const Model> model, const st
   return r;
 }
 
+struct PrefixArgs {
+  std::string model_dir, size, numerics, output;
+  bench::PrefixBenchOptions o;
+  double cache_mib = 4096;
+  int threads = 0;
+  PrefixArgs() {
+    o.engine.max_batch_tokens = 2048;
+    o.engine.cache_budget_bytes = 0;
+  }
+};
+
+void run_prefix(PrefixArgs& a) {
+  if (!a.model_dir.empty() && !a.size.empty()) throw std::invalid_argument("bench prefix: give --model or --size, not both");
+  const std::string dir = a.model_dir.empty() ? ensure_generated(a.size.empty() ? "small" : a.size, 0) : a.model_dir;
+  LoadOptions lo;
+  lo.numerics = resolve_numerics(a.numerics);
+  lo.threads = a.threads;
+  std::shared_ptr<const Model> model = load_model(dir, lo);
+  a.o.engine.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
+  if (a.o.cache_dir.empty()) a.o.cache_dir = (fs::path(cache_root()) / "bench-prefix-kv").string();
+  bench::PrefixBenchResult r = bench::run_prefix_bench(model, a.o);
+  r.json["model"] = a.model_dir.empty() ? "v41-" + (a.size.empty() ? std::string("small") : a.size) : dir;
+  r.json["numerics"] = numerics_name(model->info().numerics);
+  r.json["threads"] = a.threads;
+  r.json["date"] = utc_now();
+  r.json["command"] = command_line();
+  std::printf("%s", r.text.c_str());
+  if (!a.output.empty()) {
+    std::ofstream f(a.output);
+    if (!f) throw std::runtime_error(a.output + ": cannot write");
+    f << r.json.dump(2) << "\n";
+  }
+}
+
 void run_serve(ServeArgs& a) {
   bench::ServeOptions o = a.o;
   if (a.request_rate > 0) o.request_rate = a.request_rate;
@@ -325,8 +360,27 @@ void add_bench(CLI::App& app) {
   serve->add_option("--cache-mib", s->cache_mib, "in-process: KV cache pool budget in MiB")->capture_default_str();
   serve->add_option("--numerics", s->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
   serve->callback([s] { run_serve(*s); });
-  cmd->callback([m, serve] {
-    if (serve->parsed()) return;
+  auto px = std::make_shared<PrefixArgs>();
+  CLI::App* prefix = cmd->add_subcommand(
+      "prefix", "Time to first token of a returning conversation: cold, from the RAM tier, from the disk tier after a restart");
+  prefix->add_option("--model", px->model_dir, "model directory");
+  prefix->add_option("--size", px->size, "generated model (default small)")->check(CLI::IsMember(generator_sizes("v41")));
+  prefix->add_option("--prompt-len", px->o.prompt_len, "tokens of the first prompt")->capture_default_str();
+  prefix->add_option("--extend", px->o.extend, "the follow-up adds this fraction of the prompt")->capture_default_str();
+  prefix->add_option("--partial", px->o.partial, "the partial hit shares this fraction of the prompt")->capture_default_str();
+  prefix->add_option("--cache-dir", px->o.cache_dir, "disk tier directory (emptied first; default: under the bench cache)");
+  prefix->add_option("--page-tokens", px->o.engine.page_tokens, "tokens per cache page")->capture_default_str();
+  prefix->add_option("--snapshot-interval", px->o.engine.snapshot_interval, "tokens between snapshots")->capture_default_str();
+  prefix->add_option("--max-batch-tokens", px->o.engine.max_batch_tokens, "token budget per step")->capture_default_str();
+  prefix->add_flag("--cache-io-uring", px->o.engine.disk_io_uring, "disk reads through io_uring (else pread threads)");
+  prefix->add_option("--cache-mib", px->cache_mib, "KV cache pool budget in MiB")->capture_default_str();
+  prefix->add_option("-t,--threads", px->threads, "kernel threads (0 = all cores)")->capture_default_str();
+  prefix->add_option("--numerics", px->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
+  prefix->add_option("-o,--output", px->output, "also write the JSON report to this file");
+  prefix->add_flag("-q,--quiet", px->o.quiet, "no progress lines");
+  prefix->callback([px] { run_prefix(*px); });
+  cmd->callback([m, serve, prefix] {
+    if (serve->parsed() || prefix->parsed()) return;
     run_model(*m);
   });
 }
