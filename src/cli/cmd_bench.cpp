@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "bench/chat_bench.h"
 #include "bench/model_bench.h"
 #include "bench/prefix_bench.h"
 #include "bench/serve_bench.h"
@@ -138,8 +139,9 @@ struct ServeArgs {
   int num_warmups = -1;  // -1: with --in-process as many as --max-concurrency (at least 1), else 0
   bool compare = false;
   engine::EngineOptions engine;
-  double cache_mib = 1024;
+  double cache_mib = 1024, cache_ram_gib = 0;
   int threads = 0;  // the model's kernel threads
+  bench::ChatWorkload chat;
 };
 
 std::string dir_name(const std::string& dir) {
@@ -240,6 +242,7 @@ void run_serve(ServeArgs& a) {
   nlohmann::json out;
   if (a.in_process.empty()) {
     if (a.compare) throw std::invalid_argument("--compare needs --in-process MODEL_DIR");
+    if (o.dataset == "multiturn") throw std::invalid_argument("--dataset multiturn needs --in-process MODEL_DIR");
     bench::ServeResult r = bench::run_serve_bench(o);
     std::printf("%s", r.text.c_str());
     out = r.json;
@@ -251,27 +254,48 @@ void run_serve(ServeArgs& a) {
     std::shared_ptr<const Model> model = load_model(a.in_process, lo);
     engine::EngineOptions eo = a.engine;
     eo.cache_budget_bytes = size_t(a.cache_mib * 1024 * 1024);
-    // With --compare the server runs first: whatever the first run leaves warm (mapped weights,
-    // allocations) then favours the engine, so the ratio errs low rather than high.
-    std::optional<bench::ServeResult> sr;
-    if (a.compare) {
-      sr = serve_in_process(model, a.in_process, eo, o);
-      sr->json["numerics"] = numerics_name(model->info().numerics);
-      std::printf("%s", sr->text.c_str());
-      std::fflush(stdout);
-    }
-    bench::ServeResult er;
-    {
+    eo.prefix_cache_bytes = size_t(a.cache_ram_gib * double(1 << 30));
+    if (!eo.cache_dir.empty()) fs::remove_all(eo.cache_dir);
+    if (o.dataset == "multiturn") {
+      if (a.compare) throw std::invalid_argument("--dataset multiturn runs in-process only (no --compare)");
+      bench::ChatWorkload w = a.chat;
+      w.output_len = o.output_len;
+      w.max_concurrency = o.max_concurrency;
+      w.seed = o.seed;
+      w.progress = o.progress;
       auto eng = engine::Engine::create(model, eo);
-      er = bench::run_engine_bench(*eng, o);
+      bench::ChatResult r = bench::run_chat_bench(*eng, w);
       eng->shutdown();
-    }
-    er.json["numerics"] = numerics_name(model->info().numerics);
-    std::printf("%s", er.text.c_str());
-    out = er.json;
-    if (sr) {
-      out = bench::compare_serve_engine(*sr, er);
-      std::printf("%s", bench::compare_text(out).c_str());
+      std::printf("%s", r.text.c_str());
+      out = r.json;
+      out["numerics"] = numerics_name(model->info().numerics);
+      out["prefix_cache"] = eo.prefix_cache;
+      out["cache_ram_bytes"] = eo.prefix_cache_bytes;
+      out["cache_dir"] = eo.cache_dir;
+      out["disk_reader"] = eo.disk_io_uring ? "io_uring" : "pread";
+    } else {
+      // With --compare the server runs first: whatever the first run leaves warm (mapped weights,
+      // allocations) then favours the engine, so the ratio errs low rather than high.
+      std::optional<bench::ServeResult> sr;
+      if (a.compare) {
+        sr = serve_in_process(model, a.in_process, eo, o);
+        sr->json["numerics"] = numerics_name(model->info().numerics);
+        std::printf("%s", sr->text.c_str());
+        std::fflush(stdout);
+      }
+      bench::ServeResult er;
+      {
+        auto eng = engine::Engine::create(model, eo);
+        er = bench::run_engine_bench(*eng, o);
+        eng->shutdown();
+      }
+      er.json["numerics"] = numerics_name(model->info().numerics);
+      std::printf("%s", er.text.c_str());
+      out = er.json;
+      if (sr) {
+        out = bench::compare_serve_engine(*sr, er);
+        std::printf("%s", bench::compare_text(out).c_str());
+      }
     }
   }
   out["date"] = utc_now();
@@ -321,8 +345,14 @@ void add_bench(CLI::App& app) {
   serve->add_option("--endpoint", s->o.endpoint, "/v1/completions or /v1/chat/completions")
       ->check(CLI::IsMember({"/v1/completions", "/v1/chat/completions"}))->capture_default_str();
   serve->add_option("--model", s->o.model, "model name sent in requests (default: first of GET /v1/models)");
-  serve->add_option("--dataset", s->o.dataset, "random (token-id prompts) or jsonl")
-      ->check(CLI::IsMember({"random", "jsonl"}))->capture_default_str();
+  serve->add_option("--dataset", s->o.dataset,
+                    "random (token-id prompts), jsonl, or multiturn (conversations sharing a system prompt; --in-process)")
+      ->check(CLI::IsMember({"random", "jsonl", "multiturn"}))->capture_default_str();
+  serve->add_option("--conversations", s->chat.conversations, "multiturn: conversations")->capture_default_str();
+  serve->add_option("--turns", s->chat.turns, "multiturn: turns per conversation")->capture_default_str();
+  serve->add_option("--system-len", s->chat.system_len, "multiturn: tokens of the shared system prompt")->capture_default_str();
+  serve->add_option("--turn-len", s->chat.turn_len, "multiturn: tokens of each user turn (replies: --output-len)")
+      ->capture_default_str();
   serve->add_option("--dataset-path", s->o.dataset_path, "JSONL prompts file (implies --dataset jsonl)");
   serve->add_option("--input-len", s->o.input_len, "random dataset: prompt tokens")->capture_default_str();
   serve->add_option("--output-len", s->o.output_len, "max_tokens (random dataset, and JSONL lines without one)")
@@ -358,6 +388,11 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   serve->add_option("--max-running", s->engine.max_running, "in-process: sequences decoding at once")->capture_default_str();
   serve->add_option("--cache-mib", s->cache_mib, "in-process: KV cache pool budget in MiB")->capture_default_str();
+  serve->add_flag("!--no-prefix-cache", s->engine.prefix_cache, "in-process: no prefix cache");
+  serve->add_option("--cache-ram-gib", s->cache_ram_gib, "in-process: RAM tier capacity in GiB (0 = what --cache-mib leaves)")
+      ->capture_default_str();
+  serve->add_option("--cache-dir", s->engine.cache_dir, "in-process: disk tier directory (emptied first)");
+  serve->add_flag("--cache-io-uring", s->engine.disk_io_uring, "in-process: disk reads through io_uring");
   serve->add_option("--numerics", s->numerics, kNumericsHelp)->check(CLI::IsMember({"fast", "exact"}));
   serve->callback([s] { run_serve(*s); });
   auto px = std::make_shared<PrefixArgs>();

@@ -182,7 +182,10 @@ int64_t Scheduler::snapshot_stop(const Seq& s, int64_t want) const {
 
 kvcache::PageRef Scheduler::take_snapshot(const Seq& s) {
   const std::vector<std::byte> bytes = s.state->snapshot();
-  if (!cache_.make_room(pool_, bytes.size())) return nullptr;  // no room: the hit will replay instead
+  // Snapshots only save later work: they never take the page each running choice may need next.
+  const size_t reserve = page_set_bytes_ * running_.size();
+  if (pool_.free_bytes() + cache_.reclaimable_bytes() < bytes.size() + reserve) return nullptr;
+  if (!cache_.make_room(pool_, bytes.size() + reserve)) return nullptr;  // a hit will replay instead
   kvcache::PageRef page;
   try {
     page = pool_.allocate(bytes.size());
