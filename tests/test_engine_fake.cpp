@@ -3,7 +3,9 @@
 // checkpoint, no kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <span>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -213,6 +215,45 @@ TEST(EngineFake, ForkedChoicesSharePagesAndDecodeIndependently) {
   s.add(2, q, rq, 1);
   test::run_all(s);
   EXPECT_FALSE(rq->tokens[0] == rq->tokens[1] && rq->tokens[1] == rq->tokens[2]);
+}
+
+// With return_logits, each choice's sink sees the row each of its tokens is sampled from, before
+// the token; without it, none.
+TEST(EngineFake, ReturnedLogitsAreTheRowsTokensAreSampledFrom) {
+  struct LogitsRecorder : Recorder {
+    using Recorder::Recorder;
+    void on_logits(int choice, std::span<const float> row) override {
+      std::lock_guard lk(mu);
+      EXPECT_EQ(rows.at(size_t(choice)).size(), tokens.at(size_t(choice)).size()) << "the row comes before its token";
+      rows[size_t(choice)].emplace_back(row.begin(), row.end());
+    }
+    std::vector<std::vector<std::vector<float>>> rows = std::vector<std::vector<std::vector<float>>>(2);
+  };
+  FakeModel m;
+  Scheduler s(m, options());
+  RequestParams p = test::greedy_request(prompt_of(20, 9), 6);
+  p.n = 2;
+  p.return_logits = true;
+  auto rec = std::make_shared<LogitsRecorder>(2);
+  s.add(1, p, rec, 1);
+  test::run_all(s);
+  for (int c = 0; c < 2; ++c) {
+    ASSERT_EQ(rec->tokens[size_t(c)].size(), 6u);
+    ASSERT_EQ(rec->rows[size_t(c)].size(), 6u);
+    for (size_t j = 0; j < 6; ++j) {
+      const auto& row = rec->rows[size_t(c)][j];
+      ASSERT_EQ(row.size(), size_t(FakeModel::kVocab));
+      EXPECT_EQ(std::max_element(row.begin(), row.end()) - row.begin(), rec->tokens[size_t(c)][j]) << c << " " << j;
+    }
+  }
+  EXPECT_EQ(rec->rows[0][0], rec->rows[1][0]) << "both choices sample their first token from the prompt's logits";
+
+  p.return_logits = false;
+  auto quiet = std::make_shared<LogitsRecorder>(2);
+  s.add(2, p, quiet, 1);
+  test::run_all(s);
+  EXPECT_EQ(quiet->tokens[0], rec->tokens[0]);
+  EXPECT_TRUE(quiet->rows[0].empty() && quiet->rows[1].empty());
 }
 
 TEST(EngineFake, StateBudgetLimitsRunningSequences) {

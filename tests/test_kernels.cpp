@@ -17,22 +17,13 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/kernels_internal.h"
+#include "kernel_test_util.h"
 
 using namespace di;
+using di::test::IsaGuard;
+using di::test::isas;
 
 namespace {
-
-std::vector<kern::Isa> isas() {
-  std::vector<kern::Isa> v;
-  for (kern::Isa i : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512})
-    if (kern::isa_supported(i)) v.push_back(i);
-  return v;
-}
-
-struct IsaGuard {
-  kern::Isa saved = kern::active_isa();
-  ~IsaGuard() { kern::set_isa(saved); }
-};
 
 // Activations: per 32-block a random magnitude (so block scales vary), some zero blocks, some
 // blocks below the 1e-4 amax floor, bf16-valued like the model's.

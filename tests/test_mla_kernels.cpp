@@ -12,8 +12,11 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/mla.h"
 #include "kernels/cpu/ref_ops.h"
+#include "kernel_test_util.h"
 
 using namespace di;
+using di::test::IsaGuard;
+using di::test::isas;
 
 namespace {
 
@@ -41,7 +44,7 @@ Rows make_rows(int64_t n, int64_t width, uint32_t seed) {
 }  // namespace
 
 TEST(MlaKernels, PvMatchesDefinitionOnEveryIsa) {
-  const kern::Isa saved = kern::active_isa();
+  IsaGuard guard;
   int checked = 0;
   for (int64_t n : {1, 2, 7, 70})
     for (int64_t width : {1, 15, 16, 17, 127, 128, 129, 200, 512, 576}) {
@@ -62,8 +65,7 @@ TEST(MlaKernels, PvMatchesDefinitionOnEveryIsa) {
         ASSERT_EQ(want[size_t(c)], s);
         ASSERT_EQ(want64[size_t(c)], d);
       }
-      for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
-        if (!kern::isa_supported(isa)) continue;
+      for (kern::Isa isa : isas()) {
         kern::set_isa(isa);
         kern::mla::pv_f32(r.p.data(), r.ptrs.data(), n, width, got.data());
         kern::mla::pv_f64(r.p.data(), r.ptrs.data(), n, width, got64.data());
@@ -72,7 +74,6 @@ TEST(MlaKernels, PvMatchesDefinitionOnEveryIsa) {
         ++checked;
       }
     }
-  kern::set_isa(saved);
   EXPECT_GE(checked, 40);
 }
 
@@ -82,15 +83,13 @@ TEST(MlaKernels, PvRoundsEachProductBeforeTheSum) {
   std::vector<float> row0(16, a), row1(16, -1.0f);
   const float* rows[2] = {row0.data(), row1.data()};
   const float p[2] = {b, 1.0f};
-  const kern::Isa saved = kern::active_isa();
-  for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx512}) {
-    if (!kern::isa_supported(isa)) continue;
+  IsaGuard guard;
+  for (kern::Isa isa : isas()) {
     kern::set_isa(isa);
     std::vector<float> o(16, 7.0f);
     kern::mla::pv_f32(p, rows, 2, 16, o.data());
     for (float v : o) EXPECT_EQ(v, 0.0f) << kern::isa_name(isa);  // fused would give -2^-46
   }
-  kern::set_isa(saved);
 }
 
 // Column dot products: each output is ref::fast::dot_fma_lanes of x with one column, on every ISA,
@@ -98,7 +97,7 @@ TEST(MlaKernels, PvRoundsEachProductBeforeTheSum) {
 TEST(MlaKernels, ColumnDotsMatchFmaLanesOnEveryIsa) {
   std::mt19937 g(5);
   std::normal_distribution<float> nd(0, 1);
-  const kern::Isa saved = kern::active_isa();
+  IsaGuard guard;
   for (int64_t K : {1, 15, 16, 17, 128, 130})
     for (int64_t N : {1, 16, 17, 128, 130}) {
       const int64_t ldw = N + 3;
@@ -110,15 +109,13 @@ TEST(MlaKernels, ColumnDotsMatchFmaLanesOnEveryIsa) {
         for (int64_t k = 0; k < K; ++k) col[size_t(k)] = w[size_t(k * ldw + j)];
         want[size_t(j)] = ref::fast::dot_fma_lanes(x.data(), col.data(), K);
       }
-      for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
-        if (!kern::isa_supported(isa)) continue;
+      for (kern::Isa isa : isas()) {
         kern::set_isa(isa);
         std::fill(got.begin(), got.end(), -1.0f);
         kern::mla::dot_fma_lanes_cols(x.data(), w.data(), K, N, ldw, got.data());
         EXPECT_EQ(std::memcmp(want.data(), got.data(), size_t(N) * 4), 0) << kern::isa_name(isa) << " K " << K << " N " << N;
       }
     }
-  kern::set_isa(saved);
 }
 
 // Scores against scattered rows: each is ref::fast::dot_fma_lanes, on every ISA, for row counts
@@ -126,7 +123,7 @@ TEST(MlaKernels, ColumnDotsMatchFmaLanesOnEveryIsa) {
 TEST(MlaKernels, RowDotsMatchFmaLanesOnEveryIsa) {
   std::mt19937 g(6);
   std::normal_distribution<float> nd(0, 1);
-  const kern::Isa saved = kern::active_isa();
+  IsaGuard guard;
   for (int64_t n : {1, 5, 16, 17, 33, 70})
     for (int64_t K : {1, 15, 16, 17, 64, 512, 520}) {
       const int64_t offset = 7;
@@ -140,13 +137,11 @@ TEST(MlaKernels, RowDotsMatchFmaLanesOnEveryIsa) {
       std::vector<float> q(static_cast<size_t>(K)), want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
       for (auto& v : q) v = nd(g);
       for (int64_t t = 0; t < n; ++t) want[size_t(t)] = ref::fast::dot_fma_lanes(q.data(), rows[size_t(t)] + offset, K);
-      for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
-        if (!kern::isa_supported(isa)) continue;
+      for (kern::Isa isa : isas()) {
         kern::set_isa(isa);
         std::fill(got.begin(), got.end(), -1.0f);
         kern::mla::dot_fma_lanes_rows(q.data(), rows.data(), offset, K, n, got.data());
         EXPECT_EQ(std::memcmp(want.data(), got.data(), size_t(n) * 4), 0) << kern::isa_name(isa) << " n " << n << " K " << K;
       }
     }
-  kern::set_isa(saved);
 }

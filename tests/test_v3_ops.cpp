@@ -11,10 +11,13 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/ref_ops.h"
+#include "kernel_test_util.h"
 #include "model/v3/ops.h"
 
 using namespace di;
 using namespace di::v3;
+using di::test::IsaGuard;
+using di::test::isas;
 
 namespace {
 
@@ -81,16 +84,11 @@ TEST(V3Ops, DequantUsesEachBlocksScaleIncludingEdges) {
 class V3LinearDefinition : public ::testing::TestWithParam<int> {};
 
 TEST_P(V3LinearDefinition, LinearModesMatchTheirDefinitions) {
-  const kern::Isa saved = kern::active_isa();
-  struct Restore {
-    kern::Isa isa;
-    ~Restore() { kern::set_isa(isa); }
-  } restore{saved};
+  IsaGuard guard;
   const int64_t out = 200, in = 300, m = GetParam();
   const Fp8 f = make_fp8(out, in, 2);
   const auto x = bf16_acts(m * in, 3);
-  for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
-    if (!kern::isa_supported(isa)) continue;  // the scalar path always runs
+  for (kern::Isa isa : isas()) {
     kern::set_isa(isa);
     for (Mode mode : {Mode::Fast, Mode::Exact, Mode::Fp32}) {
       std::vector<float> y(size_t(m * out));
@@ -191,29 +189,25 @@ TEST(V3Ops, DequantIsaPathsAgree) {
   Fp8 f = make_fp8(130, 300, 10);
   for (size_t i = 0; i < f.codes.size(); i += 7) f.codes[i] = uint8_t(i / 7 % 256 == 0x7f ? 0 : i / 7 % 256 == 0xff ? 0x80 : i / 7 % 256);
   std::vector<float> a(size_t(130 * 300)), b(a.size());
-  const kern::Isa saved = kern::active_isa();
+  IsaGuard guard;
   for (bool round : {true, false}) {
     dequant_rows_scalar(f.lin, 0, 130, round, a.data());
-    for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
-      if (!kern::isa_supported(isa)) continue;
+    for (kern::Isa isa : isas()) {
       kern::set_isa(isa);
       dequant_rows(f.lin, 0, 130, round, b.data());
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << kern::isa_name(isa) << " round " << round;
     }
   }
-  kern::set_isa(saved);
 }
 
 // The fast mode's dot product: every ISA gives ref::fast::dot_fma_lanes's bits, for any length.
 TEST(V3Ops, DotIsaPathsAgree) {
   const auto a = bf16_acts(200, 12), b = bf16_acts(200, 13);
-  const kern::Isa saved = kern::active_isa();
+  IsaGuard guard;
   for (int64_t n : {1, 15, 16, 17, 31, 48, 200})
-    for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
-      if (!kern::isa_supported(isa)) continue;
+    for (kern::Isa isa : isas()) {
       kern::set_isa(isa);
       const float want = ref::fast::dot_fma_lanes(a.data(), b.data(), n), got = dot(Mode::Fast, a.data(), b.data(), n);
       EXPECT_EQ(std::memcmp(&want, &got, 4), 0) << kern::isa_name(isa) << " n " << n;
     }
-  kern::set_isa(saved);
 }

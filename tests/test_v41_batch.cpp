@@ -7,6 +7,7 @@
 
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "kernel_test_util.h"
 #include "kernels/cpu/kernels.h"
 #include "model/v41/model.h"
 #include "test_paths.h"
@@ -103,10 +104,9 @@ TEST(Batch, FastNumericsAreTheSameOnEveryKernelPath) {
   Model& m = model();
   if (m.numerics() != Numerics::Fast) GTEST_SKIP() << "exact numerics: the paths may differ at near ties";
   const auto seqs = golden_sequences();
-  const kern::Isa saved = kern::active_isa();
+  test::IsaGuard guard;
   std::vector<std::vector<float>> per_isa;
-  for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
-    if (!kern::isa_supported(isa)) continue;
+  for (kern::Isa isa : test::isas()) {
     kern::set_isa(isa);
     Workspace ws;
     SequenceState st = m.new_state();
@@ -117,7 +117,6 @@ TEST(Batch, FastNumericsAreTheSameOnEveryKernelPath) {
     per_isa.push_back(l);
     EXPECT_TRUE(per_isa.front() == l) << kern::isa_name(isa) << " vs " << kern::isa_name(kern::Isa::Scalar);
   }
-  kern::set_isa(saved);
   EXPECT_GE(per_isa.size(), 2u);
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +43,7 @@ struct RequestParams {
   int priority = 0;                     // higher first (when priority scheduling is on)
   std::optional<std::chrono::steady_clock::time_point> deadline;
   std::string cache_salt;               // separates prefix-cache namespaces (e.g. per tenant)
+  bool return_logits = false;           // RequestSink::on_logits gets each row a token is sampled from
 };
 
 struct TokenLogprob {
@@ -77,6 +79,9 @@ class RequestSink {
  public:
   virtual ~RequestSink() = default;
   virtual void on_start(const StartEvent&) {}
+  // With RequestParams::return_logits: the raw logits row [vocab_size] choice `choice` samples its
+  // next token from, before that token's on_token / on_finish (the span dies with the call).
+  virtual void on_logits(int choice, std::span<const float> logits) { (void)choice, (void)logits; }
   virtual void on_token(const TokenEvent&) = 0;
   virtual void on_finish(const FinishEvent&) = 0;  // once per choice, last call for that choice
 };

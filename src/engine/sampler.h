@@ -1,10 +1,6 @@
-// Token sampling.
-//
-// di::Sampler / di::argmax: offline generation (`deepinfer generate`): greedy argmax, or the
-// reference's Gumbel-max sampling from a seeded generator.
-//
-// di::engine::TokenSampler: the serving sampler. One call turns a row of logits into the next token
-// of one choice, applying in this order:
+// Token sampling: di::engine::TokenSampler, the one sampler (the engine's, so `serve`, `generate`
+// and `bench` alike). One call turns a row of logits into the next token of one choice, applying
+// in this order:
 //   1. logit_bias (added);
 //   2. repetition_penalty over the distinct tokens of prompt + output (HF/CTRL rule: positive logits
 //      divided by the penalty, negative ones multiplied);
@@ -22,28 +18,12 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <vector>
 
 #include "engine/engine.h"
 
-namespace di {
-
-// Lowest index among equal maxima.
-int32_t argmax(const float* logits, int64_t n);
-
-class Sampler {
- public:
-  Sampler(float temperature, uint64_t seed) : temperature_(temperature), rng_(seed) {}
-  int32_t sample(const float* logits, int64_t n);
-
- private:
-  float temperature_;
-  std::mt19937_64 rng_;
-};
-
-namespace engine {
+namespace di::engine {
 
 // Random stream of choice `choice` of a request seeded with `seed`.
 uint64_t choice_stream_key(uint64_t seed, int choice);
@@ -87,5 +67,4 @@ class TokenSampler {
   double max_z_ = 0, sum_e_ = 0;
 };
 
-}  // namespace engine
-}  // namespace di
+}  // namespace di::engine

@@ -516,6 +516,10 @@ void Scheduler::sample_and_emit(Seq* s, const float* logits) {
   in.stream_key = s->stream_key;
   in.step = s->generated();
   in.top_logprobs = want_logprobs ? p.sampling.top_logprobs : 0;
+  if (p.return_logits) {
+    const std::span<const float> row(logits, size_t(model_.info().vocab_size));
+    notify("on_logits", r->id, [&] { r->sink->on_logits(s->choice, row); });
+  }
   const SampleResult res = sampler_.sample(logits, in, want_logprobs ? &s->event.top : nullptr);
   const int32_t t = res.token;
   ++counters_.generated_tokens;
