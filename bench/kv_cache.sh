@@ -20,5 +20,5 @@ CHAT=(--in-process "$MODEL" --dataset multiturn --conversations "${CONVERSATIONS
       --turn-len 64 --output-len 32 --max-concurrency 8 --threads 2 --cache-mib 2048 --no-progress)
 "$BIN" bench serve "${CHAT[@]}" --no-prefix-cache --json "$OUT/$DATE-zen5-small-chat-off.json"
 "$BIN" bench serve "${CHAT[@]}" --json "$OUT/$DATE-zen5-small-chat-ram.json"
-"$BIN" bench serve "${CHAT[@]}" --cache-ram-gib 0.0625 --json "$OUT/$DATE-zen5-small-chat-ram64m.json"
-"$BIN" bench serve "${CHAT[@]}" --cache-ram-gib 0.0625 --cache-dir "$DISK" --json "$OUT/$DATE-zen5-small-chat-ram64m-disk.json"
+"$BIN" bench serve "${CHAT[@]}" --cache-ram-gib 0.015625 --json "$OUT/$DATE-zen5-small-chat-ram16m.json"
+"$BIN" bench serve "${CHAT[@]}" --cache-ram-gib 0.015625 --cache-dir "$DISK" --json "$OUT/$DATE-zen5-small-chat-ram16m-disk.json"

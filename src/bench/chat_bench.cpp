@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 struct Turn {
   int conversation = 0, turn = 0;
   int prompt_tokens = 0, cached_tokens = 0;
-  double ttft_s = 0;
+  double ttft_s = 0, e2el_s = 0;
 };
 
 // Collects one turn's reply and hands the finished turn to the driver.
@@ -40,13 +40,14 @@ class TurnSink final : public engine::RequestSink {
   }
   void on_finish(const engine::FinishEvent& e) override {
     std::lock_guard lk(mu_);
+    e2el_s = std::chrono::duration<double>(Clock::now() - start_).count();
     error = e.error;
     done_.push_back(conversation_);
     cv_.notify_all();
   }
   std::vector<int32_t> reply;
   int cached = 0;
-  double ttft_s = 0;
+  double ttft_s = 0, e2el_s = 0;
   std::string error;
 
  private:
@@ -120,7 +121,7 @@ ChatResult run_chat_bench(engine::Engine& eng, const ChatWorkload& w) {
     std::shared_ptr<TurnSink> s = live[size_t(c)];
     if (!s->error.empty()) throw std::runtime_error("multiturn: request failed: " + s->error);
     auto& h = history[size_t(c)];
-    turns.push_back({c, next_turn[size_t(c)], int(h.size()), s->cached, s->ttft_s});
+    turns.push_back({c, next_turn[size_t(c)], int(h.size()), s->cached, s->ttft_s, s->e2el_s});
     h.insert(h.end(), s->reply.begin(), s->reply.end());
     if (++next_turn[size_t(c)] < w.turns) {
       submit(c);
@@ -134,12 +135,13 @@ ChatResult run_chat_bench(engine::Engine& eng, const ChatWorkload& w) {
   const engine::EngineStats after = eng.stats();
 
   int64_t prompt = 0, cached = 0;
-  std::vector<double> ttft, first_ttft, later_ttft;
+  std::vector<double> ttft, first_ttft, later_ttft, e2el;
   std::vector<std::vector<double>> by_turn(size_t(w.turns));
   for (const Turn& t : turns) {
     prompt += t.prompt_tokens;
     cached += t.cached_tokens;
     ttft.push_back(t.ttft_s * 1e3);
+    e2el.push_back(t.e2el_s * 1e3);
     (t.turn == 0 ? first_ttft : later_ttft).push_back(t.ttft_s * 1e3);
     by_turn[size_t(t.turn)].push_back(t.ttft_s * 1e3);
   }
@@ -159,6 +161,7 @@ ChatResult run_chat_bench(engine::Engine& eng, const ChatWorkload& w) {
   j["median_ttft_ms"] = median(ttft);
   j["mean_ttft_first_turn_ms"] = mean(first_ttft);
   j["mean_ttft_later_turns_ms"] = mean(later_ttft);
+  j["mean_e2el_ms"] = mean(e2el);
   nlohmann::json per_turn = nlohmann::json::array();
   for (const auto& v : by_turn) per_turn.push_back(mean(v));
   j["mean_ttft_by_turn_ms"] = per_turn;
@@ -176,11 +179,11 @@ ChatResult run_chat_bench(engine::Engine& eng, const ChatWorkload& w) {
   std::snprintf(buf, sizeof buf,
                 "multiturn: %d conversations x %d turns (system %d, user %d, reply %d tokens), %.1f s\n"
                 "  prefix hit rate   %.3f  (%lld of %lld prompt tokens cached)\n"
-                "  TTFT mean %.1f ms, median %.1f ms; first turns %.1f ms, later turns %.1f ms\n"
+                "  TTFT mean %.1f ms, median %.1f ms; first turns %.1f ms, later turns %.1f ms; E2E latency mean %.1f ms\n"
                 "  snapshot hits %lld, replayed tokens %lld, preemptions %lld\n",
                 w.conversations, w.turns, w.system_len, w.turn_len, w.output_len, duration,
                 j["prefix_hit_rate"].get<double>(), (long long)cached, (long long)prompt, mean(ttft), median(ttft),
-                mean(first_ttft), mean(later_ttft), (long long)j["snapshot_hits"].get<int64_t>(),
+                mean(first_ttft), mean(later_ttft), mean(e2el), (long long)j["snapshot_hits"].get<int64_t>(),
                 (long long)j["replayed_tokens"].get<int64_t>(), (long long)j["preemptions"].get<int64_t>());
   return {j, buf};
 }
