@@ -179,7 +179,13 @@ struct DiskTier::Impl {
   std::mutex full_mu;
   std::atomic<int64_t> full_until_ns{INT64_MIN};  // steady clock
   bool full_logged = false;
-  std::atomic<int64_t> last_error_log_ns{INT64_MIN};
+  std::atomic<int64_t> last_error_log_ns{0};  // steady clock; 0 = never
+  // At most one error line a minute (a failing disk would otherwise log every read).
+  bool error_log_due() {
+    const int64_t now = steady_ns();
+    int64_t last = last_error_log_ns.load();
+    return (last == 0 || now - last > 60 * kNsPerSec) && last_error_log_ns.compare_exchange_strong(last, now);
+  }
 
   // Writers.
   std::mutex wmu;
@@ -675,9 +681,7 @@ void DiskTier::Impl::end_read(std::unique_ptr<ReadReq> r, ReadEnd end, int err) 
   if (end == ReadEnd::Bad) remove_bad(r->key, r->fd);
   if (end == ReadEnd::Error) {
     ++read_errors;
-    const int64_t now = steady_ns();
-    int64_t last = last_error_log_ns.load();
-    if (now - last > 60 * kNsPerSec && last_error_log_ns.compare_exchange_strong(last, now))
+    if (error_log_due())
       spdlog::warn("kv disk tier: reading {}: {} (a miss)", r->rel, std::strerror(err));
   }
   if (hit) {
@@ -793,9 +797,7 @@ void DiskTier::Impl::write_failed(const char* what, int err, int subfd, const st
     return;
   }
   ++write_errors;
-  const int64_t now = steady_ns();
-  int64_t last = last_error_log_ns.load();
-  if (now - last > 60 * kNsPerSec && last_error_log_ns.compare_exchange_strong(last, now))
+  if (error_log_due())
     spdlog::warn("kv disk tier: writing in {} ({}): {}", opt.dir, what, std::strerror(err));
 }
 

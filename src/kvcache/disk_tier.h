@@ -70,6 +70,7 @@ struct DiskTierStats {
   DiskTierOptions::Reader reader = DiskTierOptions::Reader::Pread;  // the one in use
 };
 
+// All members may be called from any thread.
 class DiskTier {
  public:
   // Creates the directory if needed (throws std::runtime_error when it cannot be opened or
@@ -92,7 +93,7 @@ class DiskTier {
   bool contains(const EntryKey&) const;
   // Reads an entry whose payload is exactly the sum of the `dest` sizes into those spans (scatter
   // read). false = miss: missing, short, corrupt, foreign format or a different size (a bad file is
-  // removed). `owner` keeps dest alive until the future is ready.
+  // removed); dest then holds unspecified bytes. `owner` keeps dest alive until the future is ready.
   std::future<bool> read_async(const EntryKey&, std::vector<std::span<std::byte>> dest, std::shared_ptr<void> owner);
   // Whole-entry read for variable-size payloads (std::nullopt = miss, same rules).
   std::future<std::optional<std::vector<std::byte>>> read_blob_async(const EntryKey&);
