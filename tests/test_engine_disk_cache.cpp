@@ -174,6 +174,39 @@ TEST_F(EngineDiskCache, TwoEnginesShareOneDirectoryAtOnce) {
   EXPECT_EQ(r2->tokens[0], FakeModel::greedy(q2, 3));
 }
 
+TEST_F(EngineDiskCache, ReadsForWaitingRequestsSurviveASmallRamTier) {
+  // Four requests arrive at once, each with a prefix on disk; the RAM tier holds about one page.
+  // What each one's reads brought in stays until it is admitted (the others' reads would evict it).
+  FakeModel m(4096, true);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(prompt_of(48, 20 + i));
+  {
+    Scheduler a(m, options());
+    for (size_t i = 0; i < prompts.size(); ++i) run(a, i + 1, prompts[i], 2);
+    a.disk()->tier().flush();
+  }
+  EngineOptions o = options();
+  o.prefix_cache_bytes = 80;  // one 8-token page of the fake model's 8-byte rows, and a snapshot
+  Scheduler b(m, o);
+  std::vector<std::shared_ptr<Recorder>> rec;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto q = prompts[i];
+    q.push_back(3);
+    rec.push_back(std::make_shared<Recorder>());
+    b.add(i + 1, test::greedy_request(q, 3), rec.back(), 1);
+  }
+  test::run_all(b);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto q = prompts[i];
+    q.push_back(3);
+    EXPECT_EQ(rec[i]->start.cached_tokens, 48) << i;
+    EXPECT_EQ(rec[i]->tokens[0], FakeModel::greedy(q, 3)) << i;
+  }
+  EXPECT_EQ(b.counters().snapshot_hits, 4);
+  b.prefix_cache().evict_all();
+  EXPECT_EQ(b.pool().used_bytes(), 0u) << "no pin outlives its request";
+}
+
 TEST_F(EngineDiskCache, APrefetchPastItsTimeoutProceedsWithWhatArrived) {
   FakeModel m(4096, true);
   const auto p = prompt_of(80, 8);

@@ -76,8 +76,11 @@ std::unique_ptr<DiskCache::Fetch> DiskCache::start_fetch(const PrefixCache& ram,
   return f;
 }
 
-size_t DiskCache::install(Fetch& f, std::span<const CacheKey> keys, PrefixCache& ram, kvcache::PagePool& pool) {
+size_t DiskCache::install(Fetch& f, std::span<const CacheKey> keys, PrefixCache& ram, kvcache::PagePool& pool,
+                          std::vector<PrefixCache::Entry*>& pinned) {
   size_t added = 0;
+  // The part already in RAM first, so that the pages read continue a chain that stays there.
+  if (ram.pin(keys.first(f.first_page), pinned) != f.first_page) return 0;
   auto take = [](std::future<Blob>& fut) -> Blob {
     if (!fut.valid() || fut.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
     return fut.get();
@@ -103,7 +106,8 @@ size_t DiskCache::install(Fetch& f, std::span<const CacheKey> keys, PrefixCache&
       src += s.page_bytes();
       pages.push_back(std::move(p));
     }
-    if (pages.size() != layout_.size() || !ram.install(k > 0 ? &keys[k - 1] : nullptr, keys[k], std::move(pages))) break;
+    if (pages.size() != layout_.size() || !ram.install(k > 0 ? &keys[k - 1] : nullptr, keys[k], std::move(pages), pinned))
+      break;
     ++k;
     ++added;
   }

@@ -52,8 +52,11 @@ class DiskCache {
   std::unique_ptr<Fetch> start_fetch(const PrefixCache& ram, std::span<const CacheKey> keys, bool snapshots,
                                      Clock::duration timeout);
   // Moves what the reads returned into the RAM tier, as pool pages (stops at the first page that
-  // is missing, damaged or does not fit). Returns the number of pages added.
-  size_t install(Fetch& f, std::span<const CacheKey> keys, PrefixCache& ram, kvcache::PagePool& pool);
+  // is missing, damaged or does not fit), pinning the chain as it goes (PrefixCache::pin into
+  // `pinned`): the RAM tier's capacity must not evict one page while the next goes in. Returns
+  // the number of pages added.
+  size_t install(Fetch& f, std::span<const CacheKey> keys, PrefixCache& ram, kvcache::PagePool& pool,
+                 std::vector<PrefixCache::Entry*>& pinned);
 
   kvcache::DiskTier& tier() { return tier_; }
   const kvcache::DiskTier& tier() const { return tier_; }

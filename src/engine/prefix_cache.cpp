@@ -105,6 +105,7 @@ struct PrefixCache::Entry {
   std::list<Entry*>::iterator snap_lru;
   uint64_t snap_used = 0;
   int hits = 0;
+  int snapshot_pins = 0;  // waiting requests that need its snapshot (PrefixCache::pin)
   bool written = false, snapshot_written = false;  // handed to the tier below
   // A live sequence shares a page: evicting the entry would free nothing.
   bool shared() const {
@@ -169,6 +170,26 @@ size_t PrefixCache::acquire(std::span<const CacheKey> keys, std::vector<Entry*>&
     ++n;
   }
   return n;
+}
+
+size_t PrefixCache::pin(std::span<const CacheKey> keys, std::vector<Entry*>& pinned) {
+  size_t n = 0;
+  for (const CacheKey& k : keys) {  // as acquire, but a pin is not a hit
+    auto it = map_.find(k);
+    if (it == map_.end()) break;
+    Entry* e = it->second.get();
+    ++e->refs;
+    ++e->snapshot_pins;
+    touch(e);
+    pinned.push_back(e);
+    ++n;
+  }
+  return n;
+}
+
+void PrefixCache::unpin(std::vector<Entry*>& pinned) {
+  for (Entry* e : pinned) --e->snapshot_pins;
+  release(pinned);
 }
 
 void PrefixCache::release(std::vector<Entry*>& held, size_t keep) {
@@ -256,8 +277,9 @@ size_t PrefixCache::find_snapshot(std::span<Entry* const> held, std::span<const 
   return 0;
 }
 
-bool PrefixCache::install(const CacheKey* parent_key, const CacheKey& key, std::vector<kvcache::PageRef> pages) {
-  if (map_.count(key)) return true;
+bool PrefixCache::install(const CacheKey* parent_key, const CacheKey& key, std::vector<kvcache::PageRef> pages,
+                          std::vector<Entry*>& pinned) {
+  if (map_.count(key)) return pin(std::span(&key, 1), pinned) == 1;
   Entry* parent = nullptr;
   if (parent_key) {
     auto it = map_.find(*parent_key);
@@ -276,6 +298,7 @@ bool PrefixCache::install(const CacheKey* parent_key, const CacheKey& key, std::
   raw->lru = lru_.insert(lru_.end(), raw);
   raw->used = ++clock_;
   map_.emplace(key, std::move(e));
+  pin(std::span(&key, 1), pinned);
   trim();
   return true;
 }
@@ -317,8 +340,10 @@ bool PrefixCache::evictable(const Entry& e) const { return e.refs == 0 && e.chil
 size_t PrefixCache::reclaimable_bytes() const {
   // Entries held or shared by a live sequence form prefix-closed chains (a sequence holds or shares
   // every page before the ones it uses), so the rest can all be evicted, leaves first. Snapshots
-  // are never held.
-  size_t b = snapshot_bytes_;
+  // are never held; pinned ones wait for their requests.
+  size_t b = 0;
+  for (const Entry* e : snap_lru_)
+    if (e->snapshot_pins == 0) b += e->snapshot->size();
   for (const Entry* e : lru_)
     if (e->refs == 0 && !e->shared()) b += e->bytes;
   return b;
@@ -337,7 +362,9 @@ bool PrefixCache::evict_one() {
   Entry* page = nullptr;
   for (Entry* e : lru_)
     if (evictable(*e)) { page = e; break; }
-  Entry* snap = snap_lru_.empty() ? nullptr : snap_lru_.front();
+  Entry* snap = nullptr;
+  for (Entry* e : snap_lru_)
+    if (e->snapshot_pins == 0) { snap = e; break; }
   if (snap && (!page || snap->snap_used < page->used)) {
     drop_snapshot(snap);
     ++snapshot_evictions_;
@@ -357,8 +384,10 @@ bool PrefixCache::make_room(const kvcache::PagePool& pool, size_t bytes) {
 }
 
 void PrefixCache::evict_all() {
-  while (!snap_lru_.empty()) {
-    drop_snapshot(snap_lru_.front());
+  for (auto it = snap_lru_.begin(); it != snap_lru_.end();) {
+    Entry* e = *it++;
+    if (e->snapshot_pins > 0) continue;
+    drop_snapshot(e);
     ++snapshot_evictions_;
   }
   for (bool progress = true; progress;) {

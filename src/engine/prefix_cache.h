@@ -68,6 +68,10 @@ class PrefixCache {
   // to `held` with a reference taken on each. Returns the number of pages.
   size_t acquire(std::span<const CacheKey> keys, std::vector<Entry*>& held);
   void release(std::vector<Entry*>& held, size_t keep = 0);  // drops the references past the first `keep`
+  // Like acquire, and the snapshots of those entries cannot be evicted either until unpin: what a
+  // waiting request read from the tier below stays until it is admitted.
+  size_t pin(std::span<const CacheKey> keys, std::vector<Entry*>& pinned);
+  void unpin(std::vector<Entry*>& pinned);  // and clears `pinned`
   // The pages of held entries, as SequenceState::adopt_prefix takes them.
   kvcache::PrefixPages pages(std::span<Entry* const> entries) const;
 
@@ -96,7 +100,9 @@ class PrefixCache {
   // Tiers below (the disk): whether a key is cached here, and adding an entry read back from
   // there (its parent, the previous page's key, must be cached already unless `parent` is null).
   bool contains(const CacheKey& key) const { return map_.count(key) != 0; }
-  bool install(const CacheKey* parent, const CacheKey& key, std::vector<kvcache::PageRef> pages);
+  // The new entry is pinned into `pinned` (see pin) before the capacity is enforced.
+  bool install(const CacheKey* parent, const CacheKey& key, std::vector<kvcache::PageRef> pages,
+               std::vector<Entry*>& pinned);
   // Entries along `keys` (and their snapshots) not handed out yet whose hits reached `min_hits`,
   // handed out once (for a write to the disk tier); they stop at the first key not cached.
   struct Unwritten {

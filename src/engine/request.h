@@ -39,6 +39,7 @@ struct Seq {
   kvcache::PageRef snapshot;
   int64_t snapshot_pos = 0;
   std::unique_ptr<DiskCache::Fetch> fetch;  // disk reads for this choice's prefix, until admitted
+  std::vector<PrefixCache::Entry*> pinned;   // what they brought into RAM, kept until admission
 
   int64_t prompt_len() const;
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len(); }

@@ -125,6 +125,8 @@ Seq* Scheduler::pick_victim(const Seq* except) {
 }
 
 void Scheduler::drop_state(Seq* s, bool cache_pages) {
+  s->fetch.reset();
+  cache_.unpin(s->pinned);
   if (!s->state) return;
   if (cache_pages && opts_.prefix_cache) {
     cache_.extend_keys(s->req->cache_root, s->tokens, size_t(s->state->pos() / opts_.page_tokens), s->keys);
@@ -144,7 +146,8 @@ void Scheduler::poll_fetches() {
   const auto now = Clock::now();
   for (Seq* s : waiting_)
     if (s->fetch && (s->fetch->ready() || now >= s->fetch->deadline)) {
-      disk_->install(*s->fetch, s->keys, cache_, pool_);
+      // Pinned until admission: under a small RAM tier other requests' reads would evict them.
+      disk_->install(*s->fetch, s->keys, cache_, pool_, s->pinned);
       s->fetch.reset();
     }
 }
@@ -292,6 +295,7 @@ bool Scheduler::admit(Seq* s, int64_t& budget) {
     } else {
       cache_.release(s->held);
     }
+    cache_.unpin(s->pinned);  // held now where used
   }
   // Keep a page per running choice free, so that admitting does not force preemption right away.
   const size_t reserve = page_set_bytes_ * running_.size();
