@@ -641,6 +641,32 @@ TEST(DiskTier, AnEntryIsQueuedOnceAndNotRewritten) {
   EXPECT_EQ(t.stats().writes, 2u);
 }
 
+TEST(DiskTier, QueuedEntriesAreReadFromMemoryBeforeTheyArePublished) {
+  TempDir d;
+  auto o = test_options(d.str());
+  o.write_threads = 1;
+  o.fsync = true;
+  DiskTier t(o);
+  // Two big entries keep the single writer busy; the small one waits behind them.
+  ASSERT_TRUE(write_entry(t, key_of(2), payload_for(key_of(2), 4 << 20)));
+  ASSERT_TRUE(write_entry(t, key_of(3), payload_for(key_of(3), 4 << 20)));
+  const EntryKey k = key_of(1);
+  ASSERT_TRUE(write_entry(t, k, payload_for(k, 5000)));
+  struct stat st;
+  ASSERT_NE(stat(t.entry_path(k).c_str(), &st), 0) << "not published yet";
+  EXPECT_TRUE(t.contains(k));
+  auto blob = t.read_blob_async(k).get();
+  ASSERT_TRUE(blob.has_value());
+  EXPECT_EQ(*blob, payload_for(k, 5000));
+  EXPECT_EQ(t.stats().pending_hits, 1u);
+  t.flush();
+  EXPECT_EQ(stat(t.entry_path(k).c_str(), &st), 0);
+  auto again = t.read_blob_async(k).get();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, payload_for(k, 5000));
+  EXPECT_EQ(t.stats().pending_hits, 1u) << "published entries come from the file";
+}
+
 TEST(DiskTier, ClearRemovesEveryEntry) {
   TempDir d;
   DiskTier t(test_options(d.str()));

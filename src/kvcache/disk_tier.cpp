@@ -166,7 +166,7 @@ struct DiskTier::Impl {
   mutable std::atomic<bool> noatime{true};
   DiskTierOptions::Reader reader_kind = DiskTierOptions::Reader::Pread;
 
-  std::atomic<uint64_t> hits{0}, hit_bytes{0}, misses{0}, corrupt_removed{0}, read_errors{0};
+  std::atomic<uint64_t> hits{0}, hit_bytes{0}, misses{0}, corrupt_removed{0}, read_errors{0}, pending_hits{0};
   std::atomic<uint64_t> writes{0}, write_bytes{0}, writes_dropped{0}, writes_existing{0}, write_errors{0};
   std::atomic<uint64_t> evictions{0}, expirations{0}, temps_removed{0}, sweeps{0};
   std::atomic<int64_t> est_bytes{0}, est_entries{0};
@@ -191,7 +191,13 @@ struct DiskTier::Impl {
   std::mutex wmu;
   std::condition_variable wcv, wdone;
   std::deque<WriteJob> wq;
-  std::set<EntryKey> wkeys;  // queued or being written
+  // Queued or being written, with the payload: this process reads an entry it has not published
+  // yet from memory, so a request right behind the write (the next turn of a chat) still hits.
+  struct Pending {
+    std::vector<std::span<const std::byte>> parts;
+    std::shared_ptr<const void> owner;
+  };
+  std::map<EntryKey, Pending> wkeys;
   uint64_t wbytes = 0;       // queued or being written
   int writing = 0;
   bool wstop = false;
@@ -747,7 +753,7 @@ bool DiskTier::Impl::enqueue(WriteJob j) {
       return false;
     }
     wbytes += j.bytes;
-    wkeys.insert(j.key);
+    wkeys.emplace(j.key, Pending{j.parts, j.owner});
     wq.push_back(std::move(j));
   }
   wcv.notify_one();
@@ -998,6 +1004,10 @@ bool DiskTier::write_async(const EntryKey& key, std::vector<std::span<const std:
 }
 
 bool DiskTier::contains(const EntryKey& key) const {
+  {
+    std::lock_guard lk(impl_->wmu);
+    if (impl_->wkeys.contains(key)) return true;
+  }
   struct stat st {};
   return fstatat(impl_->dirfd, disk::entry_relpath(key).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
          uint64_t(st.st_size) >= impl_->hdr_bytes;
@@ -1017,6 +1027,22 @@ std::future<bool> DiskTier::read_async(const EntryKey& key, std::vector<std::spa
 }
 
 std::future<std::optional<std::vector<std::byte>>> DiskTier::read_blob_async(const EntryKey& key) {
+  Impl::Pending p;
+  {
+    std::lock_guard lk(impl_->wmu);
+    if (auto it = impl_->wkeys.find(key); it != impl_->wkeys.end()) p = it->second;
+  }
+  if (p.owner) {
+    // Not published yet: the queued payload (kept alive by its owner) is the entry.
+    std::vector<std::byte> blob;
+    for (const auto& part : p.parts) blob.insert(blob.end(), part.begin(), part.end());
+    ++impl_->hits;
+    ++impl_->pending_hits;
+    impl_->hit_bytes += blob.size();
+    std::promise<std::optional<std::vector<std::byte>>> done;
+    done.set_value(std::move(blob));
+    return done.get_future();
+  }
   auto r = std::make_unique<ReadReq>();
   r->key = key;
   r->rel = disk::entry_relpath(key);
@@ -1074,6 +1100,7 @@ DiskTierStats DiskTier::stats() const {
   const Impl& t = *impl_;
   DiskTierStats s;
   s.hits = t.hits;
+  s.pending_hits = t.pending_hits;
   s.hit_bytes = t.hit_bytes;
   s.misses = t.misses;
   s.corrupt_removed = t.corrupt_removed;

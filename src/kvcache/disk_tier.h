@@ -54,6 +54,7 @@ struct DiskTierOptions {
 
 struct DiskTierStats {
   uint64_t hits = 0, hit_bytes = 0, misses = 0;
+  uint64_t pending_hits = 0;     // of those, served from this process's queued (unpublished) writes
   uint64_t corrupt_removed = 0;  // bad files removed by readers: short, corrupt, foreign, mis-sized
   uint64_t read_errors = 0;      // reads that failed with an I/O error (counted as misses too)
   uint64_t writes = 0, write_bytes = 0;  // entries published (payload bytes)
@@ -90,6 +91,7 @@ class DiskTier {
   // the writer thread (stats().writes_existing), so the caller never waits for a stat.
   bool write_async(const EntryKey&, std::vector<std::span<const std::byte>> parts, std::shared_ptr<const void> owner);
   // A stat of the entry's file: sees other processes' entries at once; does not read or verify it.
+  // This process's queued writes count as present (reads serve them from memory).
   bool contains(const EntryKey&) const;
   // Reads an entry whose payload is exactly the sum of the `dest` sizes into those spans (scatter
   // read). false = miss: missing, short, corrupt, foreign format or a different size (a bad file is
