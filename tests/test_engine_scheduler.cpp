@@ -3,6 +3,7 @@
 // n > 1 shares the prompt, and no page is leaked.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
 #include "test_engine_util.h"
