@@ -17,7 +17,6 @@
 using namespace di;
 using namespace di::bench;
 // V4.1's step costs (model/v41/cost.h), which the bench reads through Model::step_cost().
-using di::v41::ExpertCounter;
 using di::v41::LayerCost;
 using di::v41::ModelCost;
 using di::v41::model_cost;
@@ -153,7 +152,7 @@ TEST(BenchRoofline, QueryCostMatchesHandCount) {
 TEST(BenchRoofline, ExpertCounterCountsDistinctExperts) {
   v41::Model& model = test::golden_model();
   const V41Config& c = model.config();
-  ExpertCounter counter(c);
+  ExpertCounter<v41::ForwardObserver> counter(v41::routed_experts_per_layer(c));
   v41::ForwardOptions o;
   o.observer = &counter;
   v41::Workspace ws;
@@ -170,6 +169,29 @@ TEST(BenchRoofline, ExpertCounterCountsDistinctExperts) {
     EXPECT_GE(d, c.n_activated_experts);
     EXPECT_LE(d, c.n_routed_experts);
   }
+}
+
+// The shared counter itself: repeats within a step count once, ids outside a layer's experts and
+// layers outside the model are ignored, begin_step() starts over.
+TEST(BenchRoofline, ExpertCounterIgnoresRepeatsAndForeignIds) {
+  struct Observer {
+    virtual ~Observer() = default;
+    virtual void on_experts(int, int64_t, int, int, const int32_t*, const float*) {}
+  };
+  ExpertCounter<Observer> counter({4, 0, 8});
+  Observer& ob = counter;
+  const int32_t a[] = {0, 3, 3, 1, -1, 4};  // 2 tokens x top-3
+  const int32_t b[] = {7, 7, 2, 9};
+  counter.begin_step();
+  ob.on_experts(0, 0, 2, 3, a, nullptr);
+  ob.on_experts(1, 0, 1, 2, a, nullptr);
+  ob.on_experts(2, 0, 2, 2, b, nullptr);
+  ob.on_experts(3, 0, 2, 2, b, nullptr);
+  ob.on_experts(0, 2, 1, 2, b + 2, nullptr);  // a later chunk of the same step: 2 is new
+  EXPECT_EQ(counter.distinct(), (std::vector<int>{4, 0, 2}));
+  counter.begin_step();
+  ob.on_experts(2, 0, 1, 1, b, nullptr);
+  EXPECT_EQ(counter.distinct(), (std::vector<int>{0, 0, 1}));
 }
 
 TEST(BenchModel, ReportHasEveryField) {

@@ -94,6 +94,8 @@ TEST(V3Config, VariantsNoQLoraUe8m0Unquantized) {
   EXPECT_EQ(e.to_hf_json(), c.to_hf_json());
   EXPECT_TRUE(is_v3_config_text(c.to_hf_json()));
   EXPECT_FALSE(is_v3_config_text(R"({"model_type": "deepseek_v4"})"));
+  EXPECT_TRUE(is_v3_config_text(R"({"architectures": ["X", "DeepseekV3ForCausalLM"]})"));
+  EXPECT_FALSE(is_v3_config_text(R"([{"model_type": "deepseek_v3"}])"));
 }
 
 TEST(V3Config, RejectsWhatItDoesNotImplement) {
@@ -108,6 +110,11 @@ TEST(V3Config, RejectsWhatItDoesNotImplement) {
   EXPECT_NE(with("scoring_func", "relu").find("scoring_func"), std::string::npos);
   EXPECT_NE(with("model_type", "llama").find("model_type"), std::string::npos);
   EXPECT_NE(with("qk_rope_head_dim", 15).find("even"), std::string::npos);
+  EXPECT_NE(with("q_lora_rank", -1).find("q_lora_rank: integer -1 out of range"), std::string::npos);
+  EXPECT_NE(with("vocab_size", json(uint64_t(1) << 63)).find("vocab_size: integer 9223372036854775808 out of range"),
+            std::string::npos);
+  EXPECT_NE(with("rope_scaling", 3).find("rope_scaling: expected object or null"), std::string::npos);
+  EXPECT_NE(with("quantization_config", "fp8").find("quantization_config: expected object"), std::string::npos);
   json j = golden_json();
   j["rope_scaling"]["mscale"] = 0.707;
   EXPECT_NE(error_of(j).find("mscale"), std::string::npos);

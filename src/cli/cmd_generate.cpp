@@ -73,11 +73,10 @@ class EventQueue final : public engine::RequestSink {
     engine::FinishEvent finish;
   };
 
-  explicit EventQueue(int64_t logits_row) : row_(logits_row) {}
   void on_start(const engine::StartEvent&) override { push({Event::Start, Clock::now()}); }
   void on_logits(int, std::span<const float> logits) override {
     std::lock_guard lk(mu_);
-    logits_.insert(logits_.end(), logits.begin(), logits.begin() + row_);
+    logits_.insert(logits_.end(), logits.begin(), logits.end());
   }
   void on_token(const engine::TokenEvent& t) override { push({Event::Token, Clock::now(), t.token}); }
   void on_finish(const engine::FinishEvent& f) override { push({Event::Finish, Clock::now(), 0, f}); }
@@ -103,7 +102,6 @@ class EventQueue final : public engine::RequestSink {
     }
     cv_.notify_one();
   }
-  const int64_t row_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> events_;
@@ -168,7 +166,7 @@ void run(const GenerateArgs& a) {
   rp.sampling.top_k = a.top_k;
   rp.sampling.seed = a.seed;
   rp.return_logits = !a.dump_logits.empty();
-  auto events = std::make_shared<EventQueue>(info.vocab_size);
+  auto events = std::make_shared<EventQueue>();
   const engine::SubmitResult sub = eng->submit(std::move(rp), events);
   if (sub.error != engine::SubmitError::None) throw std::invalid_argument(sub.message);
 

@@ -2,6 +2,7 @@
 // (bench/model_bench) read it through Model::step_cost() and need no architecture header.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -46,10 +47,41 @@ class StepCost {
   virtual double distinct_experts() const = 0;  // routed experts the observed step ran, summed over layers
 };
 
-// The StepCost plumbing every architecture shares: its expert counter `Counter` (the
-// architecture's forward observer, with begin_step() and distinct() per layer) is what the
-// workspace `ModelWorkspace` calls through its `observer` pointer once attached.
-template <class ModelWorkspace, class Counter>
+// Distinct routed experts each layer ran since begin_step(). `Observer` is the architecture's
+// forward observer; its on_experts reports the [S][k] expert ids a MoE layer chose.
+template <class Observer>
+class ExpertCounter final : public Observer {
+ public:
+  // experts_per_layer[l]: routed experts of layer l (ids outside [0, that) are not counted).
+  explicit ExpertCounter(const std::vector<int>& experts_per_layer) : distinct_(experts_per_layer.size(), 0) {
+    for (int n : experts_per_layer) seen_.emplace_back(size_t(n > 0 ? n : 0), uint8_t(0));
+  }
+  void begin_step() {
+    for (auto& s : seen_) std::fill(s.begin(), s.end(), uint8_t(0));
+    std::fill(distinct_.begin(), distinct_.end(), 0);
+  }
+  void on_experts(int layer, int64_t, int S, int k, const int32_t* ids, const float*) override {
+    if (layer < 0 || size_t(layer) >= seen_.size()) return;
+    std::vector<uint8_t>& seen = seen_[size_t(layer)];
+    for (int64_t i = 0; i < int64_t(S) * k; ++i) {
+      const int32_t e = ids[i];
+      if (e >= 0 && size_t(e) < seen.size() && !seen[size_t(e)]) {
+        seen[size_t(e)] = 1;
+        ++distinct_[size_t(layer)];
+      }
+    }
+  }
+  const std::vector<int>& distinct() const { return distinct_; }
+
+ private:
+  std::vector<std::vector<uint8_t>> seen_;
+  std::vector<int> distinct_;
+};
+
+// The StepCost plumbing every architecture shares: an ExpertCounter on the architecture's
+// `Observer`, which the workspace `ModelWorkspace` calls through its `observer` pointer once
+// attached.
+template <class ModelWorkspace, class Observer>
 class ObservedStepCost : public StepCost {
  public:
   ~ObservedStepCost() override {
@@ -69,9 +101,8 @@ class ObservedStepCost : public StepCost {
   }
 
  protected:
-  template <class C>
-  explicit ObservedStepCost(const C& config) : counter_(config) {}
-  Counter counter_;
+  explicit ObservedStepCost(const std::vector<int>& experts_per_layer) : counter_(experts_per_layer) {}
+  ExpertCounter<Observer> counter_;
 
  private:
   ModelWorkspace* ws_ = nullptr;

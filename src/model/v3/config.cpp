@@ -1,13 +1,11 @@
 #include "model/v3/config.h"
 
+#include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <limits>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "io/file_util.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"  // LoadError
 
 namespace di::v3 {
@@ -16,57 +14,19 @@ using json = nlohmann::json;
 
 namespace {
 
-// Typed reads of one JSON object with "origin: prefix.key: problem" errors.
-struct Reader {
-  const json& j;
-  std::string prefix;
-  const std::string& origin;
+bool names_v3(const json& j) {
+  const HfArchitecture a = hf_architecture(j);
+  return a.model_type == "deepseek_v3" ||
+         std::find(a.architectures.begin(), a.architectures.end(), "DeepseekV3ForCausalLM") != a.architectures.end();
+}
 
-  [[noreturn]] void fail(const std::string& key, const std::string& msg) const {
-    throw LoadError(origin + ": " + prefix + key + ": " + msg);
-  }
-  bool has(const std::string& k) const { return j.contains(k) && !j.at(k).is_null(); }
-  const json& at(const std::string& k) const {
-    if (!j.contains(k)) fail(k, "missing key");
-    return j.at(k);
-  }
-  int64_t i64(const std::string& k) const {
-    const json& v = at(k);
-    if (!v.is_number_integer()) fail(k, std::string("expected integer, got ") + json_type_name(v));
-    return v.get<int64_t>();
-  }
-  int i32(const std::string& k) const {
-    const int64_t v = i64(k);
-    if (v < 0 || v > std::numeric_limits<int>::max()) fail(k, "integer " + std::to_string(v) + " out of range");
-    return int(v);
-  }
-  double num(const std::string& k) const {
-    const json& v = at(k);
-    if (!v.is_number()) fail(k, std::string("expected number, got ") + json_type_name(v));
-    return v.get<double>();
-  }
-  bool boolean(const std::string& k) const {
-    const json& v = at(k);
-    if (!v.is_boolean()) fail(k, std::string("expected boolean, got ") + json_type_name(v));
-    return v.get<bool>();
-  }
-  std::string str(const std::string& k) const {
-    const json& v = at(k);
-    if (!v.is_string()) fail(k, std::string("expected string, got ") + json_type_name(v));
-    return v.get<std::string>();
-  }
-};
+V3Config config_from_json(const json& j, const std::string& origin);
 
 }  // namespace
 
 bool is_v3_config_text(const std::string& text) {
   const json j = json::parse(text, nullptr, false);
-  if (!j.is_object()) return false;
-  if (j.contains("model_type") && j["model_type"] == "deepseek_v3") return true;
-  if (j.contains("architectures") && j["architectures"].is_array())
-    for (const auto& a : j["architectures"])
-      if (a == "DeepseekV3ForCausalLM") return true;
-  return false;
+  return j.is_object() && names_v3(j);
 }
 
 double V3Config::softmax_scale() const {
@@ -97,77 +57,76 @@ void V3Config::rope_freqs(float* out) const {
 }
 
 V3Config V3Config::from_hf_json_text(const std::string& text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw LoadError(origin + ": invalid JSON: " + e.what());
-  }
-  if (!j.is_object()) throw LoadError(origin + ": expected a JSON object");
-  Reader r{j, "", origin};
+  return config_from_json(parse_json_object(text, origin), origin);
+}
+
+V3Config V3Config::from_hf_file(const std::string& path) { return config_from_json(read_json_file(path), path); }
+
+namespace {
+
+V3Config config_from_json(const json& j, const std::string& origin) {
+  // Every integer of a V3 config is a size, a count or an id: negative ones are out of range.
+  const HfConfigSection r(j, "", origin);
   V3Config c;
-  if (!is_v3_config_text(text) || (r.has("model_type") && r.str("model_type") != "deepseek_v3"))
+  if (!names_v3(j) || (r.has_value("model_type") && r.str("model_type") != "deepseek_v3"))
     r.fail("model_type", "not deepseek_v3 / DeepseekV3ForCausalLM");
   c.vocab_size = r.i64("vocab_size");
-  c.dim = r.i32("hidden_size");
-  c.inter_dim = r.i32("intermediate_size");
-  c.moe_inter_dim = r.i32("moe_intermediate_size");
-  c.n_layers = r.i32("num_hidden_layers");
-  c.n_dense_layers = r.i32("first_k_dense_replace");
-  c.n_mtp_layers = r.has("num_nextn_predict_layers") ? r.i32("num_nextn_predict_layers") : 0;
-  c.n_heads = r.i32("num_attention_heads");
-  if (r.has("num_key_value_heads") && r.i32("num_key_value_heads") != c.n_heads)
+  c.dim = r.i32("hidden_size", 0);
+  c.inter_dim = r.i32("intermediate_size", 0);
+  c.moe_inter_dim = r.i32("moe_intermediate_size", 0);
+  c.n_layers = r.i32("num_hidden_layers", 0);
+  c.n_dense_layers = r.i32("first_k_dense_replace", 0);
+  c.n_mtp_layers = r.has_value("num_nextn_predict_layers") ? r.i32("num_nextn_predict_layers", 0) : 0;
+  c.n_heads = r.i32("num_attention_heads", 0);
+  if (r.has_value("num_key_value_heads") && r.i32("num_key_value_heads", 0) != c.n_heads)
     r.fail("num_key_value_heads", "must equal num_attention_heads (MLA)");
-  c.q_lora_rank = r.has("q_lora_rank") ? r.i32("q_lora_rank") : 0;  // null: no q low-rank
-  c.kv_lora_rank = r.i32("kv_lora_rank");
-  c.qk_nope_head_dim = r.i32("qk_nope_head_dim");
-  c.qk_rope_head_dim = r.i32("qk_rope_head_dim");
-  c.v_head_dim = r.i32("v_head_dim");
-  c.n_routed_experts = r.i32("n_routed_experts");
-  c.n_shared_experts = r.has("n_shared_experts") ? r.i32("n_shared_experts") : 0;
-  c.n_activated_experts = r.i32("num_experts_per_tok");
-  c.n_group = r.has("n_group") ? r.i32("n_group") : 1;
-  c.topk_group = r.has("topk_group") ? r.i32("topk_group") : 1;
-  c.scoring_func = r.has("scoring_func") ? r.str("scoring_func") : "softmax";
-  c.topk_method = r.has("topk_method") ? r.str("topk_method") : "greedy";
-  c.norm_topk_prob = r.has("norm_topk_prob") ? r.boolean("norm_topk_prob") : false;
-  c.routed_scaling_factor = float(r.has("routed_scaling_factor") ? r.num("routed_scaling_factor") : 1.0);
+  c.q_lora_rank = r.has_value("q_lora_rank") ? r.i32("q_lora_rank", 0) : 0;  // null: no q low-rank
+  c.kv_lora_rank = r.i32("kv_lora_rank", 0);
+  c.qk_nope_head_dim = r.i32("qk_nope_head_dim", 0);
+  c.qk_rope_head_dim = r.i32("qk_rope_head_dim", 0);
+  c.v_head_dim = r.i32("v_head_dim", 0);
+  c.n_routed_experts = r.i32("n_routed_experts", 0);
+  c.n_shared_experts = r.has_value("n_shared_experts") ? r.i32("n_shared_experts", 0) : 0;
+  c.n_activated_experts = r.i32("num_experts_per_tok", 0);
+  c.n_group = r.has_value("n_group") ? r.i32("n_group", 0) : 1;
+  c.topk_group = r.has_value("topk_group") ? r.i32("topk_group", 0) : 1;
+  c.scoring_func = r.has_value("scoring_func") ? r.str("scoring_func") : "softmax";
+  c.topk_method = r.has_value("topk_method") ? r.str("topk_method") : "greedy";
+  c.norm_topk_prob = r.has_value("norm_topk_prob") ? r.boolean("norm_topk_prob") : false;
+  c.routed_scaling_factor = float(r.has_value("routed_scaling_factor") ? r.num("routed_scaling_factor") : 1.0);
   c.rms_norm_eps = float(r.num("rms_norm_eps"));
-  c.rope_theta = r.has("rope_theta") ? r.num("rope_theta") : 10000.0;
+  c.rope_theta = r.has_value("rope_theta") ? r.num("rope_theta") : 10000.0;
   c.max_position_embeddings = r.i64("max_position_embeddings");
-  c.bos_token_id = r.has("bos_token_id") ? r.i64("bos_token_id") : 0;
-  c.eos_token_id = r.has("eos_token_id") ? r.i64("eos_token_id") : 1;
-  c.tie_word_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : false;
-  if (r.has("hidden_act") && r.str("hidden_act") != "silu") r.fail("hidden_act", "only silu is supported");
-  if (r.has("moe_layer_freq") && r.i32("moe_layer_freq") != 1) r.fail("moe_layer_freq", "only 1 is supported");
-  if (r.has("attention_bias") && r.boolean("attention_bias")) r.fail("attention_bias", "only false is supported");
+  c.bos_token_id = r.has_value("bos_token_id") ? r.i64("bos_token_id") : 0;
+  c.eos_token_id = r.has_value("eos_token_id") ? r.i64("eos_token_id") : 1;
+  c.tie_word_embeddings = r.has_value("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : false;
+  if (r.has_value("hidden_act") && r.str("hidden_act") != "silu") r.fail("hidden_act", "only silu is supported");
+  if (r.has_value("moe_layer_freq") && r.i32("moe_layer_freq", 0) != 1) r.fail("moe_layer_freq", "only 1 is supported");
+  if (r.has_value("attention_bias") && r.boolean("attention_bias")) r.fail("attention_bias", "only false is supported");
 
   c.yarn = false;
   c.rope_factor = 1;
-  if (r.has("rope_scaling")) {
-    const json& rs = j["rope_scaling"];
-    if (!rs.is_object()) r.fail("rope_scaling", "expected object or null");
-    Reader s{rs, "rope_scaling.", origin};
-    const std::string type = s.has("type") ? s.str("type") : s.has("rope_type") ? s.str("rope_type") : "";
+  if (r.has_value("rope_scaling")) {
+    if (!r.at("rope_scaling").is_object()) r.fail("rope_scaling", "expected object or null");
+    const HfConfigSection s = r.sub("rope_scaling");
+    const std::string type = s.has_value("type") ? s.str("type") : s.has_value("rope_type") ? s.str("rope_type") : "";
     if (type != "yarn") s.fail("type", "'" + type + "' is not supported (only yarn)");
     c.yarn = true;
     c.rope_factor = s.num("factor");
     c.original_seq_len = s.i64("original_max_position_embeddings");
-    c.beta_fast = s.has("beta_fast") ? s.num("beta_fast") : 32;
-    c.beta_slow = s.has("beta_slow") ? s.num("beta_slow") : 1;
-    c.mscale = s.has("mscale") ? s.num("mscale") : 1;
-    c.mscale_all_dim = s.has("mscale_all_dim") ? s.num("mscale_all_dim") : 0;
+    c.beta_fast = s.has_value("beta_fast") ? s.num("beta_fast") : 32;
+    c.beta_slow = s.has_value("beta_slow") ? s.num("beta_slow") : 1;
+    c.mscale = s.has_value("mscale") ? s.num("mscale") : 1;
+    c.mscale_all_dim = s.has_value("mscale_all_dim") ? s.num("mscale_all_dim") : 0;
   }
 
   c.fp8 = false;
   c.scale_fmt.clear();
-  if (r.has("quantization_config")) {
-    const json& q = j["quantization_config"];
-    if (!q.is_object()) r.fail("quantization_config", "expected object");
-    Reader s{q, "quantization_config.", origin};
+  if (r.has_value("quantization_config")) {
+    const HfConfigSection s = r.sub("quantization_config");
     if (s.str("quant_method") != "fp8") s.fail("quant_method", "only fp8 is supported");
-    if (s.has("fmt") && s.str("fmt") != "e4m3") s.fail("fmt", "only e4m3 is supported");
-    if (s.has("activation_scheme") && s.str("activation_scheme") != "dynamic")
+    if (s.has_value("fmt") && s.str("fmt") != "e4m3") s.fail("fmt", "only e4m3 is supported");
+    if (s.has_value("activation_scheme") && s.str("activation_scheme") != "dynamic")
       s.fail("activation_scheme", "only dynamic is supported");
     const json& b = s.at("weight_block_size");
     if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
@@ -177,7 +136,7 @@ V3Config V3Config::from_hf_json_text(const std::string& text, const std::string&
     c.fp8 = true;
     c.block_out = b[0].get<int>();
     c.block_in = b[1].get<int>();
-    if (s.has("scale_fmt")) {
+    if (s.has_value("scale_fmt")) {
       c.scale_fmt = s.str("scale_fmt");
       if (c.scale_fmt != "ue8m0") s.fail("scale_fmt", "'" + c.scale_fmt + "' is not supported (only ue8m0)");
     }
@@ -186,13 +145,7 @@ V3Config V3Config::from_hf_json_text(const std::string& text, const std::string&
   return c;
 }
 
-V3Config V3Config::from_hf_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw LoadError(path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return from_hf_json_text(ss.str(), path);
-}
+}  // namespace
 
 void V3Config::validate(const std::string& origin) const {
   auto fail = [&](const std::string& m) { throw LoadError(origin + ": " + m); };

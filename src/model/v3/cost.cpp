@@ -98,32 +98,11 @@ double step_weight_bytes(const ModelCost& m, std::span<const int> distinct, int6
 
 namespace {
 
-class ExpertCounter final : public ForwardObserver {
- public:
-  explicit ExpertCounter(const V3Config& c) : seen_(size_t(c.n_layers)), distinct_(size_t(c.n_layers), 0) {
-    for (auto& s : seen_) s.assign(size_t(c.n_routed_experts), 0);
-  }
-  void begin_step() {
-    for (auto& s : seen_) std::fill(s.begin(), s.end(), uint8_t(0));
-    std::fill(distinct_.begin(), distinct_.end(), 0);
-  }
-  void on_experts(int layer, int64_t, int S, int k, const int32_t* ids, const float*) override {
-    if (layer < 0 || size_t(layer) >= seen_.size()) return;
-    auto& seen = seen_[size_t(layer)];
-    for (int i = 0; i < S * k; ++i)
-      if (ids[i] >= 0 && size_t(ids[i]) < seen.size() && !seen[size_t(ids[i])]) seen[size_t(ids[i])] = 1, ++distinct_[size_t(layer)];
-  }
-  const std::vector<int>& distinct() const { return distinct_; }
-
- private:
-  std::vector<std::vector<uint8_t>> seen_;
-  std::vector<int> distinct_;
-};
-
-class V3StepCost final : public ObservedStepCost<Workspace, ExpertCounter> {
+class V3StepCost final : public ObservedStepCost<Workspace, ForwardObserver> {
  public:
   explicit V3StepCost(const Model& m)
-      : ObservedStepCost(m.config()), cfg_(m.config()), cost_(model_cost(m.config(), m.weights())) {}
+      : ObservedStepCost(std::vector<int>(size_t(m.config().n_layers), m.config().n_routed_experts)),
+        cfg_(m.config()), cost_(model_cost(m.config(), m.weights())) {}
   int64_t total_params() const override { return cost_.total_params; }
   double active_params() const override { return cost_.active_params; }
   double head_params() const override { return cost_.head_params; }

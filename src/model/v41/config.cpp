@@ -6,10 +6,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
-#include <limits>
-#include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -31,91 +27,7 @@ bool V41Config::is_engram_layer(int layer) const {
 
 namespace {
 
-// Typed access to one JSON object of the config, with "origin: path.key: problem" errors.
-class Section {
- public:
-  Section(const json& j, std::string prefix, const std::string& origin)
-      : j_(j), prefix_(std::move(prefix)), origin_(origin) {}
-
-  [[noreturn]] void fail(const std::string& key, const std::string& msg) const {
-    throw LoadError(origin_ + ": " + prefix_ + key + ": " + msg);
-  }
-  bool has(const std::string& key) const { return j_.contains(key); }
-  const json& at(const std::string& key) const {
-    auto it = j_.find(key);
-    if (it == j_.end()) fail(key, "missing key");
-    return *it;
-  }
-  [[noreturn]] void wrong(const std::string& key, const char* expected, const json& v) const {
-    fail(key, std::string("expected ") + expected + ", got " + json_type_name(v));
-  }
-
-  Section sub(const std::string& key) const {
-    const json& v = at(key);
-    if (!v.is_object()) wrong(key, "object", v);
-    return Section(v, prefix_ + key + ".", origin_);
-  }
-  int64_t i64_of(const std::string& key, const json& v) const {
-    if (!v.is_number_integer()) wrong(key, "integer", v);
-    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-      fail(key, "integer " + v.dump() + " out of range");
-    return v.get<int64_t>();
-  }
-  int int_of(const std::string& key, const json& v) const {
-    const int64_t x = i64_of(key, v);
-    if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max())
-      fail(key, "integer " + std::to_string(x) + " out of range");
-    return int(x);
-  }
-  void get(const std::string& key, int64_t* out) const { *out = i64_of(key, at(key)); }
-  void get(const std::string& key, int* out) const { *out = int_of(key, at(key)); }
-  void get(const std::string& key, double* out) const {
-    const json& v = at(key);
-    if (!v.is_number()) wrong(key, "number", v);
-    *out = v.get<double>();
-  }
-  void get(const std::string& key, float* out) const {
-    double d;
-    get(key, &d);
-    *out = float(d);
-  }
-  void get(const std::string& key, bool* out) const {
-    const json& v = at(key);
-    if (!v.is_boolean()) wrong(key, "boolean", v);
-    *out = v.get<bool>();
-  }
-  void get(const std::string& key, std::string* out) const {
-    const json& v = at(key);
-    if (!v.is_string()) wrong(key, "string", v);
-    *out = v.get<std::string>();
-  }
-  template <class T>
-  void get_list(const std::string& key, std::vector<T>* out) const {
-    const json& v = at(key);
-    if (!v.is_array()) wrong(key, "array of integers", v);
-    out->clear();
-    for (size_t i = 0; i < v.size(); ++i) {
-      const std::string k = key + "[" + std::to_string(i) + "]";
-      if constexpr (std::is_same_v<T, int>) out->push_back(int_of(k, v[i]));
-      else out->push_back(i64_of(k, v[i]));
-    }
-  }
-  // Descriptive HF keys the engine does not use: optional, but when present must hold the value
-  // the engine implements.
-  template <class T>
-  void expect_if_present(const std::string& key, const T& want) const {
-    if (!has(key)) return;
-    const json& v = at(key);
-    const json w = want;
-    if (v.type() != w.type() && !(v.is_number() && w.is_number())) wrong(key, json_type_name(w), v);
-    if (v != w) fail(key, "is " + v.dump() + ", only " + w.dump() + " is supported");
-  }
-
- private:
-  const json& j_;
-  std::string prefix_;
-  const std::string& origin_;
-};
+using Section = HfConfigSection;
 
 // Shortest decimal that reads back as the same float, so 1e-20f is written "1e-20", not
 // "9.99999968e-21".
@@ -131,19 +43,7 @@ std::string list_str(const std::vector<int>& v) {
   return s + "]";
 }
 
-}  // namespace
-
-V41Config V41Config::from_hf_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw LoadError(path + ": cannot open config file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw LoadError(path + ": read error");
-  return from_hf_json_text(ss.str(), path);
-}
-
-V41Config V41Config::from_hf_json_text(const std::string& text, const std::string& origin) {
-  const json j = parse_json_object(text, origin);
+V41Config config_from_json(const json& j, const std::string& origin) {
   V41Config c;
   const Section top(j, "", origin);
   std::string model_type;
@@ -247,6 +147,14 @@ V41Config V41Config::from_hf_json_text(const std::string& text, const std::strin
   }
   c.validate(origin);
   return c;
+}
+
+}  // namespace
+
+V41Config V41Config::from_hf_file(const std::string& path) { return config_from_json(read_json_file(path), path); }
+
+V41Config V41Config::from_hf_json_text(const std::string& text, const std::string& origin) {
+  return config_from_json(parse_json_object(text, origin), origin);
 }
 
 std::string V41Config::to_hf_json() const {

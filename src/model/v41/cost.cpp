@@ -115,25 +115,10 @@ double step_weight_bytes(const ModelCost& m, std::span<const int> distinct, int6
 
 double token_linear_flops(const ModelCost& m) { return 2.0 * (m.active_params - m.head_params); }
 
-ExpertCounter::ExpertCounter(const V41Config& c) : seen_(size_t(c.n_layers)), distinct_(size_t(c.n_layers), 0) {
-  for (int i = 0; i < c.n_layers; ++i) seen_[size_t(i)].assign(size_t(c.n_routed_experts_of(i)), 0);
-}
-
-void ExpertCounter::begin_step() {
-  for (auto& s : seen_) std::fill(s.begin(), s.end(), uint8_t(0));
-  std::fill(distinct_.begin(), distinct_.end(), 0);
-}
-
-void ExpertCounter::on_experts(int layer, int64_t, int S, int k, const int32_t* ids, const float*) {
-  if (layer < 0 || size_t(layer) >= seen_.size()) return;
-  auto& seen = seen_[size_t(layer)];
-  for (int i = 0; i < S * k; ++i) {
-    const int32_t e = ids[i];
-    if (e >= 0 && size_t(e) < seen.size() && !seen[size_t(e)]) {
-      seen[size_t(e)] = 1;
-      ++distinct_[size_t(layer)];
-    }
-  }
+std::vector<int> routed_experts_per_layer(const V41Config& c) {
+  std::vector<int> n;
+  for (int i = 0; i < c.n_layers; ++i) n.push_back(c.n_routed_experts_of(i));
+  return n;
 }
 
 std::vector<LinearShape> model_matmul_shapes(const V41Config& c, int m) {
@@ -149,9 +134,9 @@ std::vector<LinearShape> model_matmul_shapes(const V41Config& c, int m) {
 
 namespace {
 
-class V41StepCost final : public ObservedStepCost<Workspace, ExpertCounter> {
+class V41StepCost final : public ObservedStepCost<Workspace, ForwardObserver> {
  public:
-  explicit V41StepCost(const V41Config& c) : ObservedStepCost(c), cfg_(c), cost_(model_cost(c)) {}
+  explicit V41StepCost(const V41Config& c) : ObservedStepCost(routed_experts_per_layer(c)), cfg_(c), cost_(model_cost(c)) {}
   int64_t total_params() const override { return cost_.total_params; }
   double active_params() const override { return cost_.active_params; }
   double head_params() const override { return cost_.head_params; }

@@ -51,18 +51,8 @@ double step_weight_bytes(const ModelCost& m, std::span<const int> distinct_exper
 // Matmul FLOPs of one token (dense + top_k experts + wk share), without attention and head.
 double token_linear_flops(const ModelCost& m);
 
-// Counts the distinct routed experts each layer runs in a step (observer hook).
-class ExpertCounter : public ForwardObserver {
- public:
-  explicit ExpertCounter(const V41Config& c);
-  void begin_step();
-  void on_experts(int layer, int64_t start_pos, int S, int k, const int32_t* ids, const float* w) override;
-  const std::vector<int>& distinct() const { return distinct_; }
-
- private:
-  std::vector<std::vector<uint8_t>> seen_;
-  std::vector<int> distinct_;
-};
+// Routed experts of each backbone layer (the ExpertCounter's sizes).
+std::vector<int> routed_experts_per_layer(const V41Config& c);
 
 // The big linears at m rows, for the matmul peak.
 std::vector<LinearShape> model_matmul_shapes(const V41Config& c, int m);
