@@ -79,8 +79,8 @@ std::unique_ptr<DiskCache::Fetch> DiskCache::start_fetch(const PrefixCache& ram,
 size_t DiskCache::install(Fetch& f, std::span<const CacheKey> keys, PrefixCache& ram, kvcache::PagePool& pool,
                           std::vector<PrefixCache::Entry*>& pinned) {
   size_t added = 0;
-  // The part already in RAM first, so that the pages read continue a chain that stays there.
-  if (ram.pin(keys.first(f.first_page), pinned) != f.first_page) return 0;
+  // The pages read continue the part that was in RAM, pinned since the fetch started.
+  if (pinned.size() < f.first_page) return 0;
   auto take = [](std::future<Blob>& fut) -> Blob {
     if (!fut.valid() || fut.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
     return fut.get();

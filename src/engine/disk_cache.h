@@ -48,13 +48,13 @@ class DiskCache {
 
   // Looks up the pages along `keys` past the ones the RAM tier has, and the furthest snapshot at
   // or before the end of the pages found in either tier, and starts reading what RAM lacks. Null
-  // when the disk has nothing to add.
+  // when the disk has nothing to add. The caller pins keys[0, first_page) meanwhile.
   std::unique_ptr<Fetch> start_fetch(const PrefixCache& ram, std::span<const CacheKey> keys, bool snapshots,
                                      Clock::duration timeout);
   // Moves what the reads returned into the RAM tier, as pool pages (stops at the first page that
   // is missing, damaged or does not fit), pinning the chain as it goes (PrefixCache::pin into
-  // `pinned`): the RAM tier's capacity must not evict one page while the next goes in. Returns
-  // the number of pages added.
+  // `pinned`, which holds the RAM part already): the RAM tier's capacity must not evict one page
+  // while the next goes in. Returns the number of pages added.
   size_t install(Fetch& f, std::span<const CacheKey> keys, PrefixCache& ram, kvcache::PagePool& pool,
                  std::vector<PrefixCache::Entry*>& pinned);
 

@@ -98,6 +98,8 @@ void Scheduler::add(uint64_t id, RequestParams params, std::shared_ptr<RequestSi
     const int pt = opts_.page_tokens;
     cache_.extend_keys(r->cache_root, s->tokens, size_t((int64_t(s->tokens.size()) - 1) / pt), s->keys);
     s->fetch = disk_->start_fetch(cache_, s->keys, use_snapshots(), opts_.disk_prefetch_timeout);
+    // The part in RAM must still be there when the rest arrives.
+    if (s->fetch) cache_.pin(std::span(s->keys).first(s->fetch->first_page), s->pinned);
   }
   waiting_.insert(s.get());
   r->seqs.push_back(std::move(s));
