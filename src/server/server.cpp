@@ -58,6 +58,7 @@ void Server::start() {
       ctx->model.max_n = opt_.max_n;
       ctx->model.test_hooks = opt_.test_hooks;
       ctx->model.json_limits = opt_.json_limits;
+      openai::attach_grammar_compilers(ctx->model);
       ctx->metrics = &metrics_;
       ctx->sse_keepalive_s = opt_.sse_keepalive_s;
       ctx->shutdown_timeout_s = opt_.shutdown_timeout_s;
