@@ -63,8 +63,9 @@ TEST(ServerApi, ChatThinkingToolsJson) {
   EXPECT_FALSE(ok(off).parser->start_in_reasoning);
   auto js = openai::parse_chat_completion(
       R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_object"},"max_tokens":5})", c);
-  EXPECT_FALSE(ok(js).parser->parse_json_output) << "JSON mode is a grammar, not a repair";
-  EXPECT_EQ(ok(js).grammar, nullptr) << "no compilers attached to this context";
+  // JSON mode is a grammar (StructuredOutputCompilesGrammars), not a repair: without the grammar
+  // compilers this context lacks, it is refused rather than ignored.
+  EXPECT_EQ(err(js).param, "response_format");
   auto tools = openai::parse_chat_completion(
       R"({"messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"max_tokens":5})", c);
   EXPECT_TRUE(ok(tools).parser->parse_tool_calls);
