@@ -278,7 +278,7 @@ TEST(ServerApi, StructuredOutputCompilesGrammars) {
   // Without compilers the fields are refused by name, not ignored.
   const auto none = err(openai::parse_completion(R"({"prompt":"x","guided_regex":"a+"})", c));
   EXPECT_EQ(none.param, "guided_regex");
-  openai::attach_grammar_compilers(c);
+  openai::attach_grammar_compilers(c, c.vocab_size);
   ASSERT_TRUE(c.grammars && c.tool_grammars);
   EXPECT_EQ(c.grammars->vocab().mask_size(), c.vocab_size);
 

@@ -167,7 +167,7 @@ TEST_F(StructuredE2E, GuidedGrammarAndErrors) {
 
   const ojson bad = post(srv_->port(), "/v1/chat/completions",
                          {{"messages", {{{"role", "user"}, {"content", "x"}}}},
-                          {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", {{"type", "array"}, {"uniqueItems", true}}}}}}}}},
+                          {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", {{"type", "array"}, {"uniqueItems", true}}}}}}}},
                          400);
   EXPECT_EQ(bad["error"]["param"], "response_format.json_schema.schema") << bad.dump();
   EXPECT_NE(bad["error"]["message"].get<std::string>().find("uniqueItems"), std::string::npos) << bad.dump();

@@ -328,10 +328,10 @@ static openai::ConvertedRequest convert_chat(const ojson& body, const ModelConte
   return std::move(*conv.request);
 }
 
-void attach_grammar_compilers(ModelContext& ctx) {
+void attach_grammar_compilers(ModelContext& ctx, int32_t mask_size) {
   if (!ctx.tokenizer) return;
   grammar::VocabularyOptions vo;
-  vo.mask_size = ctx.vocab_size;
+  vo.mask_size = mask_size;
   vo.stop_ids = {ctx.eos_id};
   ctx.grammars = std::make_shared<grammar::GrammarCompiler>(grammar::Vocabulary::from_tokenizer(*ctx.tokenizer, vo));
   // The control tokens the chat format's tool calls spell count as text in a vocabulary of their

@@ -82,9 +82,10 @@ struct GenerationSpec {
 
 using ParseResult = std::variant<GenerationSpec, ApiError>;
 
-// Sets ctx.grammars and ctx.tool_grammars from ctx.tokenizer (mask width ctx.vocab_size, stop token
-// ctx.eos_id): once per served model, so every request shares their caches of compiled grammars.
-void attach_grammar_compilers(ModelContext& ctx);
+// Sets ctx.grammars and ctx.tool_grammars from ctx.tokenizer (stop token ctx.eos_id; mask_size: the
+// model's logit count, which may exceed the tokenizer's ids): once per served model, so every
+// request shares their caches of compiled grammars.
+void attach_grammar_compilers(ModelContext& ctx, int32_t mask_size);
 
 // Body bytes -> spec. Checks UTF-8, JSON syntax, every field's type and range, the model name (404)
 // and the context length.
