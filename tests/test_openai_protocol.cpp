@@ -46,7 +46,17 @@ TEST(OpenAIRequest, Errors400NameTheField) {
   expect_error({{"messages", {user("x")}}, {"tool_choice", "required"}}, "tool_choice");
   expect_error({{"messages", {user("x")}}, {"tools", {kTool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}},
                "tool_choice.function.name");
-  expect_error({{"messages", {user("x")}}, {"response_format", {{"type", "json_schema"}}}}, "response_format.type");
+  expect_error({{"messages", {user("x")}}, {"response_format", {{"type", "json_schema"}}}}, "response_format.json_schema");
+  expect_error({{"messages", {user("x")}}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "n"}}}}}},
+               "response_format.json_schema.schema");
+  expect_error({{"messages", {user("x")}}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", 3}}}}}},
+               "response_format.json_schema.schema");
+  expect_error({{"messages", {user("x")}},
+                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", json::object()}, {"strict", "yes"}}}}}},
+               "response_format.json_schema.strict");
+  expect_error({{"messages", {user("x")}}, {"response_format", {{"type", "grammar"}}}}, "response_format.type");
+  expect_error({{"messages", {user("x")}}, {"response_format", {{"type", "json_object"}}}}, "response_format",
+               chat::ChatFormat::DeepSeekR1);
   expect_error({{"messages", {user("x")}}, {"reasoning_effort", "extreme"}}, "reasoning_effort");
   expect_error({{"messages", {user("x")}}, {"reasoning_effort", 101}}, "reasoning_effort");
   expect_error({{"messages", {user("x")}}, {"reasoning_effort", 50}}, "reasoning_effort", chat::ChatFormat::DeepSeekV4);
@@ -112,7 +122,11 @@ TEST(OpenAIRequest, MessagesToolsAndParserOptions) {
   EXPECT_TRUE(c.json_mode);
   const auto& p = r.request->parser;
   EXPECT_EQ(p.syntax, stream::ToolCallSyntax::Dsml);
-  EXPECT_TRUE(p.parse_tool_calls && p.start_in_tool_calls && p.parse_json_output);
+  EXPECT_TRUE(p.parse_tool_calls && p.start_in_tool_calls);
+  EXPECT_FALSE(p.parse_json_output) << "JSON is enforced by the grammar, not repaired";
+  // The forced call is the output: it, not response_format, is the constraint.
+  EXPECT_EQ(r.request->structured.kind, openai::StructuredOutput::Kind::ToolCall);
+  EXPECT_EQ(r.request->structured.field, "tool_choice");
   EXPECT_EQ(p.stop_sequences, std::vector<std::string>{"END"});
 
   auto v31 = convert({{"messages", {user("q")}}, {"tools", {kTool}}, {"tool_choice", "none"}}, chat::ChatFormat::DeepSeekV31);
@@ -359,3 +373,38 @@ TEST(OpenAIRequest, ParallelToolCallsFalseLimitsTheParser) {
 }
 
 }  // namespace
+
+TEST(OpenAIRequest, StructuredOutputFieldsAndThinkingOff) {
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  auto r = convert({{"messages", {user("q")}},
+                    {"reasoning_effort", "high"},
+                    {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}, {"strict", true}}}}}});
+  ASSERT_TRUE(r.ok()) << r.error->message;
+  const auto& so = r.request->structured;
+  EXPECT_EQ(so.kind, openai::StructuredOutput::Kind::JsonSchema);
+  EXPECT_EQ(so.schema.dump(), json(schema).dump());
+  EXPECT_TRUE(so.strict);
+  EXPECT_EQ(so.field, "response_format.json_schema.schema");
+  // The grammar starts at the first output token: no reasoning before it.
+  EXPECT_FALSE(r.request->chat.thinking);
+  EXPECT_FALSE(r.request->parser.start_in_reasoning);
+
+  auto obj = convert({{"messages", {user("q")}}, {"response_format", {{"type", "json_object"}}}});
+  ASSERT_TRUE(obj.ok());
+  EXPECT_EQ(obj.request->structured.kind, openai::StructuredOutput::Kind::JsonObject);
+  EXPECT_TRUE(obj.request->chat.json_mode);
+
+  auto guided = convert({{"messages", {user("q")}}, {"thinking", {{"type", "enabled"}}}, {"guided_regex", "a+"}});
+  ASSERT_TRUE(guided.ok());
+  EXPECT_EQ(guided.request->structured.kind, openai::StructuredOutput::Kind::None);  // read by the API layer
+  EXPECT_FALSE(guided.request->chat.thinking);
+
+  auto free = convert({{"messages", {user("q")}}, {"thinking", {{"type", "enabled"}}}});
+  ASSERT_TRUE(free.ok());
+  EXPECT_TRUE(free.request->chat.thinking);
+
+  auto tools = convert({{"messages", {user("q")}}, {"tools", {kTool}}, {"tool_choice", "required"}, {"parallel_tool_calls", false}});
+  ASSERT_TRUE(tools.ok());
+  EXPECT_EQ(tools.request->structured.kind, openai::StructuredOutput::Kind::ToolCall);
+  EXPECT_FALSE(tools.request->structured.parallel_tool_calls);
+}

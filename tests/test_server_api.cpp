@@ -1,6 +1,9 @@
 // Request validation of the OpenAI API layer (no HTTP) and the completions stop-string matcher.
 #include <gtest/gtest.h>
 
+#include "grammar/compiled_grammar.h"
+#include "grammar/grammar_compiler.h"
+#include "grammar/matcher.h"
 #include "openai/api.h"
 #include "server/stop_matcher.h"
 #include "openai/protocol.h"
@@ -60,7 +63,9 @@ TEST(ServerApi, ChatThinkingToolsJson) {
   EXPECT_FALSE(ok(off).parser->start_in_reasoning);
   auto js = openai::parse_chat_completion(
       R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_object"},"max_tokens":5})", c);
-  EXPECT_TRUE(ok(js).parser->parse_json_output);
+  // JSON mode is a grammar (StructuredOutputCompilesGrammars), not a repair: without the grammar
+  // compilers this context lacks, it is refused rather than ignored.
+  EXPECT_EQ(err(js).param, "response_format");
   auto tools = openai::parse_chat_completion(
       R"({"messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"max_tokens":5})", c);
   EXPECT_TRUE(ok(tools).parser->parse_tool_calls);
@@ -265,6 +270,82 @@ TEST(ServerApi, TokenizeAndDetokenize) {
   EXPECT_EQ(std::get<openai::ApiError>(openai::tokenize_request(R"({"prompt":"x","model":"other"})", c)).status, 404);
   EXPECT_EQ(std::get<openai::ApiError>(openai::tokenize_request(R"({})", c)).param, "prompt");
   EXPECT_EQ(std::get<openai::ApiError>(openai::tokenize_request(R"({"prompt":"x","messages":[]})", c)).param, "prompt");
+}
+
+TEST(ServerApi, StructuredOutputCompilesGrammars) {
+  auto c = ctx();
+  c.max_context = 4096;
+  // Without compilers the fields are refused by name, not ignored.
+  const auto none = err(openai::parse_completion(R"({"prompt":"x","guided_regex":"a+"})", c));
+  EXPECT_EQ(none.param, "guided_regex");
+  openai::attach_grammar_compilers(c, c.vocab_size);
+  ASSERT_TRUE(c.grammars && c.tool_grammars);
+  EXPECT_EQ(c.grammars->vocab().mask_size(), c.vocab_size);
+
+  auto accepts = [](const std::shared_ptr<const grammar::CompiledGrammar>& g, const std::string& text) {
+    grammar::GrammarMatcher m(g);
+    return m.accept_bytes(text) && m.can_end();
+  };
+  const auto js = ok(openai::parse_chat_completion(
+      R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_object"},"max_tokens":5})", c));
+  ASSERT_TRUE(js.grammar);
+  EXPECT_TRUE(accepts(js.grammar, R"({"a":[1,true]})"));
+  EXPECT_FALSE(accepts(js.grammar, R"({"a":1} done)"));
+
+  const auto sch = ok(openai::parse_chat_completion(
+      R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}}}})",
+      c));
+  ASSERT_TRUE(sch.grammar);
+  EXPECT_TRUE(accepts(sch.grammar, R"({"n":12})"));
+  EXPECT_FALSE(accepts(sch.grammar, R"({"n":"12"})"));
+  EXPECT_FALSE(accepts(sch.grammar, R"({})"));
+
+  const auto gj = ok(openai::parse_completion(R"({"prompt":"x","guided_json":"{\"type\":\"boolean\"}"})", c));
+  ASSERT_TRUE(gj.grammar);
+  EXPECT_TRUE(accepts(gj.grammar, "false"));
+  const auto re = ok(openai::parse_completion(R"({"prompt":"x","guided_regex":"[0-9]{2}-[a-z]"})", c));
+  ASSERT_TRUE(re.grammar);
+  EXPECT_TRUE(accepts(re.grammar, "42-q"));
+  EXPECT_FALSE(accepts(re.grammar, "4-q"));
+  const auto eb = ok(openai::parse_completion(R"({"prompt":"x","guided_grammar":"root ::= \"a\" | \"bc\""})", c));
+  ASSERT_TRUE(eb.grammar);
+  EXPECT_TRUE(accepts(eb.grammar, "bc"));
+
+  // The same schema twice: one compile, one shared grammar.
+  const auto again = ok(openai::parse_completion(R"({"prompt":"x","guided_regex":"[0-9]{2}-[a-z]"})", c));
+  EXPECT_EQ(again.grammar.get(), re.grammar.get());
+
+  // Errors name the field.
+  EXPECT_EQ(err(openai::parse_chat_completion(
+                    R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array","uniqueItems":true}}}})",
+                    c))
+                .param,
+            "response_format.json_schema.schema");
+  const auto bad_schema = err(openai::parse_completion(R"({"prompt":"x","guided_json":{"type":"object","patternProperties":{}}})", c));
+  EXPECT_EQ(bad_schema.param, "guided_json");
+  EXPECT_NE(bad_schema.message.find("patternProperties"), std::string::npos) << bad_schema.message;
+  EXPECT_EQ(err(openai::parse_completion(R"({"prompt":"x","guided_regex":"(a"})", c)).param, "guided_regex");
+  EXPECT_EQ(err(openai::parse_completion(R"({"prompt":"x","guided_grammar":"root ::= \"x\" root"})", c)).param, "guided_grammar");
+  EXPECT_EQ(err(openai::parse_completion(R"({"prompt":"x","guided_regex":"a","guided_json":{}})", c)).param, "guided_regex");
+  EXPECT_EQ(err(openai::parse_completion(R"({"prompt":"x","guided_regex":3})", c)).param, "guided_regex");
+
+  // A forced call: DSML with the calls block opened by the prompt, the control token as text.
+  const auto tc = ok(openai::parse_chat_completion(
+      R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":50,"parallel_tool_calls":false,"tool_choice":"required",)"
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}}}]})",
+      c));
+  ASSERT_TRUE(tc.grammar);
+  EXPECT_EQ(&tc.grammar->vocab(), &c.tool_grammars->vocab());
+  const std::string call = "<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"n\" string=\"false\">7</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  EXPECT_TRUE(accepts(tc.grammar, call));
+  EXPECT_FALSE(accepts(tc.grammar, "hello"));
+  const int32_t dsml = *c.tokenizer->token_to_id("｜DSML｜");
+  grammar::GrammarMatcher m(tc.grammar);
+  ASSERT_TRUE(m.accept_bytes("<"));
+  EXPECT_TRUE(m.accept_token(dsml)) << "the control token spells its text in a tool-call grammar";
+  grammar::GrammarMatcher mj(js.grammar);
+  ASSERT_TRUE(mj.accept_bytes("{\""));
+  EXPECT_FALSE(mj.accept_token(dsml)) << "control tokens never appear under other grammars";
 }
 
 }  // namespace

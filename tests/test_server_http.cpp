@@ -219,7 +219,7 @@ TEST(ServerHttp, BadRequestsNameTheField) {
   expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":-2.5})", "presence_penalty");
   expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice");
   expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
-             "response_format.type");
+             "response_format.json_schema");
   expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})", "stop[0]");
   expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", "functions");
   expect_400(ts.port, chat, R"({"messages":[{"role":"user","content":"x"}],"test_forced_output":"hi"})", "test_forced_output");

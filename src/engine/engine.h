@@ -18,6 +18,10 @@
 #include "kvcache/disk_tier.h"
 #include "model/model.h"
 
+namespace di::grammar {
+class CompiledGrammar;
+}
+
 namespace di::engine {
 
 struct SamplingParams {
@@ -44,6 +48,12 @@ struct RequestParams {
   std::optional<std::chrono::steady_clock::time_point> deadline;
   std::string cache_salt;               // separates prefix-cache namespaces (e.g. per tenant)
   bool return_logits = false;           // RequestSink::on_logits gets each row a token is sampled from
+  // Constrained decoding: every choice's output is a prefix of a string of this grammar. Its
+  // vocabulary's mask width must be the model's vocab_size. Tokens the grammar does not allow get
+  // -inf before sampling (after logit_bias, penalties and temperature, before logprobs, top-k/p and
+  // min_p); EOS is allowed only where the grammar may end; a choice whose grammar has ended (no
+  // byte can follow) finishes with Stop without another forward pass.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 struct TokenLogprob {

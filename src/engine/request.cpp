@@ -1,5 +1,7 @@
 #include "engine/request.h"
 
+#include "grammar/compiled_grammar.h"
+
 #include <cmath>
 
 namespace di::engine {
@@ -60,6 +62,9 @@ SubmitResult validate_params(const RequestParams& p, const ModelInfo& model) {
     if (t < 0 || t >= V)
       return invalid("stop_token_ids: token id " + std::to_string(t) + " is outside [0, " + std::to_string(V) + ")");
   if (p.n < 1 || p.n > 16) return invalid("n: " + std::to_string(p.n) + " must be in [1, 16]");
+  if (p.grammar && p.grammar->vocab().mask_size() != V)
+    return invalid("grammar: compiled for a vocabulary of " + std::to_string(p.grammar->vocab().mask_size()) +
+                   " tokens; the model has " + std::to_string(V));
   return {};
 }
 

@@ -12,6 +12,7 @@
 #include "engine/disk_cache.h"
 #include "engine/engine.h"
 #include "engine/prefix_cache.h"
+#include "grammar/matcher.h"
 #include "model/model.h"
 
 namespace di::engine {
@@ -40,6 +41,9 @@ struct Seq {
   int64_t snapshot_pos = 0;
   std::unique_ptr<DiskCache::Fetch> fetch;  // disk reads for this choice's prefix, until admitted
   std::vector<PrefixCache::Entry*> pinned;   // what they brought into RAM, kept until admission
+  // The grammar's state after this choice's generated tokens (RequestParams::grammar). It lives
+  // with the tokens, not the cache state, so preemption and recompute leave it as it is.
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
 
   int64_t prompt_len() const;
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len(); }

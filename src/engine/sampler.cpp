@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace di::engine {
@@ -56,6 +57,19 @@ void TokenSampler::apply_penalties(const SampleInput& in) {
   }
 }
 
+void TokenSampler::apply_mask(std::span<const uint32_t> mask) {
+  const size_t V = size_t(vocab_);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (size_t w = 0; w < mask.size() && w * 32 < V; ++w) {
+    const uint32_t bits = mask[w];
+    if (bits == 0xffffffffu) continue;
+    const size_t end = std::min(V, w * 32 + 32);
+    for (size_t i = w * 32; i < end; ++i)
+      if (!(bits >> (i - w * 32) & 1u)) z_[i] = ninf;
+  }
+  for (size_t i = mask.size() * 32; i < V; ++i) z_[i] = ninf;
+}
+
 SampleResult TokenSampler::sample(const float* logits, const SampleInput& in, std::vector<TokenLogprob>* top) {
   const SamplingParams& p = *in.params;
   const size_t V = size_t(vocab_);
@@ -64,6 +78,8 @@ SampleResult TokenSampler::sample(const float* logits, const SampleInput& in, st
   const bool greedy = p.temperature <= 0.0f;
   if (!greedy && p.temperature != 1.0f)
     for (size_t i = 0; i < V; ++i) z_[i] /= p.temperature;
+  const bool masked = !in.mask.empty();
+  if (masked) apply_mask(in.mask);
 
   size_t best = 0;
   for (size_t i = 1; i < V; ++i)
@@ -84,6 +100,8 @@ SampleResult TokenSampler::sample(const float* logits, const SampleInput& in, st
   }
   sum_e_ = sum;
   r.token = greedy ? int32_t(best) : draw(p, stream_uniform(in.stream_key, in.step));
+  // A draw that rounding left on a zero-probability candidate must not pick a masked token.
+  if (masked && std::isinf(z_[size_t(r.token)])) r.token = int32_t(best);
   const double log_sum = std::log(sum_e_);
   auto logprob = [&](size_t i) { return float(double(z_[i]) - max_z_ - log_sum); };
   r.logprob = logprob(size_t(r.token));
@@ -94,6 +112,7 @@ SampleResult TokenSampler::sample(const float* logits, const SampleInput& in, st
     auto better = [&](size_t a, size_t b) { return z_[a] > z_[b] || (z_[a] == z_[b] && a < b); };
     if (n > 0) {
       for (size_t i = 0; i < V; ++i) {
+        if (masked && std::isinf(z_[i])) continue;  // not allowed: no alternative
         if (top->size() == n && !better(i, size_t(top->back().token))) continue;
         if (top->size() == n) top->pop_back();
         auto it = top->end();

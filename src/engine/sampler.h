@@ -5,7 +5,8 @@
 //   2. repetition_penalty over the distinct tokens of prompt + output (HF/CTRL rule: positive logits
 //      divided by the penalty, negative ones multiplied);
 //   3. frequency and presence penalties over the output tokens (OpenAI: z -= count*f + p);
-//   4. temperature (z / T; greedy when T == 0, where z is left unscaled).
+//   4. temperature (z / T; greedy when T == 0, where z is left unscaled);
+//   5. the grammar mask, when given: disallowed tokens get -inf (whatever their bias).
 // Logprobs are the log-softmax of that processed distribution over the FULL vocabulary, before the
 // top_k / top_p / min_p truncation (so alternatives outside the truncated set still get finite
 // logprobs and exp(logprobs) sums to 1). Then top_k, top_p (of the top-k renormalised
@@ -37,6 +38,8 @@ struct SampleInput {
   uint64_t stream_key = 0;
   int64_t step = 0;                 // = output.size() for the engine
   int top_logprobs = 0;             // alternatives to return (0..20)
+  // Allowed tokens (bit id % 32 of mask[id / 32]); empty: all. Must allow at least one token.
+  std::span<const uint32_t> mask;
 };
 
 struct SampleResult {
@@ -56,6 +59,7 @@ class TokenSampler {
 
  private:
   void apply_penalties(const SampleInput& in);
+  void apply_mask(std::span<const uint32_t> mask);
   int32_t draw(const SamplingParams& p, double u);
 
   int64_t vocab_;

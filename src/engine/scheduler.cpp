@@ -93,6 +93,7 @@ void Scheduler::add(uint64_t id, RequestParams params, std::shared_ptr<RequestSi
   s->tokens.reserve(r->params.prompt.size() + size_t(r->params.max_tokens) + 1);
   s->tokens = r->params.prompt;
   s->stream_key = choice_stream_key(r->seed, 0);
+  if (r->params.grammar) s->matcher = std::make_unique<grammar::GrammarMatcher>(r->params.grammar);
   if (disk_) {
     // Disk hits are read into RAM while the request waits for admission.
     const int pt = opts_.page_tokens;
@@ -505,6 +506,8 @@ void Scheduler::fork(Seq* leader) {
     f->state = leader->state->clone();  // shares every page; a partial page is copied on first write
     f->keys = leader->keys;
     f->stream_key = choice_stream_key(r->seed, c);
+    // Nothing is generated before the fork: every choice starts the grammar afresh.
+    if (r->params.grammar) f->matcher = std::make_unique<grammar::GrammarMatcher>(r->params.grammar);
     f->where = Seq::Where::Running;
     running_.push_back(f.get());
     r->seqs.push_back(std::move(f));
@@ -522,6 +525,12 @@ void Scheduler::sample_and_emit(Seq* s, const float* logits) {
   in.stream_key = s->stream_key;
   in.step = s->generated();
   in.top_logprobs = want_logprobs ? p.sampling.top_logprobs : 0;
+  grammar::GrammarMatcher* const m = s->matcher.get();
+  if (m) {
+    mask_.resize(size_t(m->grammar().vocab().mask_words()));
+    m->fill_mask(mask_);
+    in.mask = mask_;
+  }
   if (p.return_logits) {
     const std::span<const float> row(logits, size_t(model_.info().vocab_size));
     notify("on_logits", r->id, [&] { r->sink->on_logits(s->choice, row); });
@@ -535,6 +544,17 @@ void Scheduler::sample_and_emit(Seq* s, const float* logits) {
     r->any_token = true;
     r->first_token = now;
   }
+  if (m) {
+    if (!m->accept_token(t)) {
+      // Cannot happen with a correct mask; fail loudly rather than emit text outside the grammar.
+      finish(s, FinishReason::Error, -1, "grammar: sampled token " + std::to_string(t) + " was not allowed");
+      return;
+    }
+    if (m->is_terminated()) {  // a stop token the grammar allowed where it may end
+      finish(s, FinishReason::Stop, t);
+      return;
+    }
+  }
   const bool eos = !p.ignore_eos && t == model_.info().eos_id;
   if (eos || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end()) {
     finish(s, FinishReason::Stop, t);
@@ -545,6 +565,10 @@ void Scheduler::sample_and_emit(Seq* s, const float* logits) {
   s->event.token = t;
   s->event.logprob = want_logprobs ? res.logprob : 0.0f;
   notify("on_token", r->id, [&] { r->sink->on_token(s->event); });
+  if (m && m->must_end()) {  // the grammar has ended: only a stop token could follow
+    finish(s, FinishReason::Stop);
+    return;
+  }
   if (s->generated() >= p.max_tokens || int64_t(s->tokens.size()) >= max_context_) finish(s, FinishReason::Length);
 }
 

@@ -125,6 +125,7 @@ class Scheduler {
   std::unique_ptr<SequenceState> blank_;  // for sizing: bytes a fresh sequence needs
   size_t page_set_bytes_;     // one token page in every paged cache
   TokenSampler sampler_;
+  std::vector<uint32_t> mask_;  // grammar mask of the choice being sampled (reused)
   std::unique_ptr<Workspace> ws_;
 
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;

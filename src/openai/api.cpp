@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "grammar/grammar_compiler.h"
+#include "grammar/tool_calls.h"
 #include "openai/protocol.h"
 #include "tokenizer/text_utf8.h"
 
@@ -166,6 +168,74 @@ void read_common(const ojson& body, const ModelContext& ctx, GenerationSpec& s) 
   }
 }
 
+grammar::JsonSchemaOptions server_json_options() {
+  grammar::JsonSchemaOptions o;
+  // Compact JSON: a grammar that allows any whitespace run lets a model pad forever.
+  o.any_whitespace = false;
+  return o;
+}
+
+grammar::ToolCallFormat tool_call_format(chat::ChatFormat f) {
+  switch (f) {
+    case chat::ChatFormat::DeepSeekV41: return grammar::ToolCallFormat::kDsmlV41;
+    case chat::ChatFormat::DeepSeekV4: return grammar::ToolCallFormat::kDsmlV4;
+    case chat::ChatFormat::DeepSeekV31: return grammar::ToolCallFormat::kV31;
+    case chat::ChatFormat::DeepSeekV3:
+    case chat::ChatFormat::DeepSeekR1: return grammar::ToolCallFormat::kV3;
+  }
+  return grammar::ToolCallFormat::kV3;
+}
+
+// The request's grammar from response_format / a forced tool call (chat, already read into
+// `chat_so`) or vLLM's guided_json / guided_regex / guided_grammar; at most one of them.
+void read_structured(const ojson& body, const ModelContext& ctx, GenerationSpec& s, const StructuredOutput* chat_so,
+                     const std::vector<chat::ToolDefinition>* tools, chat::ChatFormat format) {
+  std::vector<std::string> given;
+  if (chat_so && chat_so->kind != StructuredOutput::Kind::None) given.push_back(chat_so->field);
+  for (const char* f : {"guided_json", "guided_regex", "guided_grammar"})
+    if (member(body, f)) given.emplace_back(f);
+  if (given.empty()) return;
+  if (given.size() > 1) reject(given[1], "cannot be combined with " + given[0] + " (one output constraint per request)");
+  const std::string& field = given[0];
+  if (!ctx.grammars) reject(field, "structured output is not available on this server");
+  const grammar::JsonSchemaOptions jo = server_json_options();
+  try {
+    if (chat_so && chat_so->kind == StructuredOutput::Kind::JsonObject) {
+      s.grammar = ctx.grammars->json_object(jo);
+    } else if (chat_so && chat_so->kind == StructuredOutput::Kind::JsonSchema) {
+      s.grammar = ctx.grammars->json_schema(chat_so->schema.dump(), jo);
+    } else if (chat_so && chat_so->kind == StructuredOutput::Kind::ToolCall) {
+      if (!ctx.tool_grammars) reject(field, "forced tool calls are not available on this server");
+      grammar::ToolCallGrammarOptions to;
+      to.format = tool_call_format(format);
+      to.parallel = chat_so->parallel_tool_calls;
+      // V4.x prompts of tool_choice "required" end with the calls-block opener.
+      to.opener_in_prompt = to.format == grammar::ToolCallFormat::kDsmlV41 || to.format == grammar::ToolCallFormat::kDsmlV4;
+      to.json = jo;
+      std::vector<grammar::ToolSpec> specs;
+      ojson key_tools = ojson::array();
+      for (const auto& t : *tools) {
+        specs.push_back({t.name, t.parameters});
+        key_tools.push_back(ojson{{"name", t.name}, {"parameters", t.parameters}});
+      }
+      const std::string key = "tools:" + std::to_string(int(to.format)) + (to.parallel ? ":n:" : ":1:") + key_tools.dump();
+      s.grammar = ctx.tool_grammars->get(key, [&] { return grammar::tool_call_grammar(specs, to).grammar; });
+    } else if (const ojson* gj = member(body, "guided_json")) {
+      if (gj->is_string()) s.grammar = ctx.grammars->json_schema(gj->get<std::string>(), jo);
+      else if (gj->is_object()) s.grammar = ctx.grammars->json_schema(gj->dump(), jo);
+      else reject("guided_json", "must be a JSON Schema (object or string)", "invalid_type");
+    } else if (const ojson* gr = member(body, "guided_regex")) {
+      if (!gr->is_string()) reject("guided_regex", "must be a string", "invalid_type");
+      s.grammar = ctx.grammars->regex(gr->get<std::string>());
+    } else if (const ojson* gg = member(body, "guided_grammar")) {
+      if (!gg->is_string()) reject("guided_grammar", "must be a string", "invalid_type");
+      s.grammar = ctx.grammars->ebnf(gg->get<std::string>());
+    }
+  } catch (const grammar::GrammarError& e) {
+    reject(field, e.what());
+  }
+}
+
 // max_tokens against the context: an explicit value that does not fit is an error, a default is clamped.
 void fit_context(GenerationSpec& s, const ModelContext& ctx, std::optional<int64_t> requested, const char* max_field,
                  const char* prompt_field) {
@@ -258,6 +328,21 @@ static openai::ConvertedRequest convert_chat(const ojson& body, const ModelConte
   return std::move(*conv.request);
 }
 
+void attach_grammar_compilers(ModelContext& ctx, int32_t mask_size) {
+  if (!ctx.tokenizer) return;
+  grammar::VocabularyOptions vo;
+  vo.mask_size = mask_size;
+  vo.stop_ids = {ctx.eos_id};
+  ctx.grammars = std::make_shared<grammar::GrammarCompiler>(grammar::Vocabulary::from_tokenizer(*ctx.tokenizer, vo));
+  // The control tokens the chat format's tool calls spell count as text in a vocabulary of their
+  // own: in the other one they must never appear (e.g. inside a JSON string).
+  grammar::ToolCallGrammarOptions to;
+  to.format = tool_call_format(ctx.chat_format);
+  for (const std::string& text : grammar::tool_call_grammar({grammar::ToolSpec{"f", nullptr}}, to).control_tokens)
+    if (auto id = ctx.tokenizer->token_to_id(text)) vo.text_added_ids.push_back(*id);
+  ctx.tool_grammars = std::make_shared<grammar::GrammarCompiler>(grammar::Vocabulary::from_tokenizer(*ctx.tokenizer, vo));
+}
+
 ParseResult parse_chat_completion(std::string_view raw, const ModelContext& ctx) {
   return guarded([&]() -> ParseResult {
     const ojson body = parse_body(raw, ctx.json_limits);
@@ -289,6 +374,7 @@ ParseResult parse_chat_completion(std::string_view raw, const ModelContext& ctx)
     }
 
     auto conv = convert_chat(body, ctx);
+    read_structured(body, ctx, s, &conv.structured, &conv.chat.tools, ctx.chat_format);
     s.prompts.push_back(chat::encode_chat(*ctx.tokenizer, ctx.chat_format, conv.chat).ids);
     s.parser = std::move(conv.parser);
     fit_context(s, ctx, max_tokens, max_field, "messages");
@@ -317,6 +403,7 @@ ParseResult parse_completion(std::string_view raw, const ModelContext& ctx) {
       s.sampling.top_logprobs = s.top_logprobs;
     }
     if (s.echo && s.logprobs) reject("echo", "echo with logprobs needs prompt logprobs, which this server does not compute");
+    read_structured(body, ctx, s, nullptr, nullptr, ctx.chat_format);
 
     const ojson* prompt = member(body, "prompt");
     if (!prompt) reject("prompt", "is required");

@@ -19,6 +19,11 @@
 #include "tokenizer/stream_parser.h"
 #include "tokenizer/tokenizer.h"
 
+namespace di::grammar {
+class CompiledGrammar;
+class GrammarCompiler;
+}  // namespace di::grammar
+
 namespace di::openai {
 
 // {"error": {"message", "type", "param", "code"}} plus the HTTP status and extra headers.
@@ -49,6 +54,10 @@ struct ModelContext {
   int max_n = 16;
   bool test_hooks = false;  // accept `test_forced_output`
   JsonLimits json_limits;   // nesting and keys per object in request bodies (400 beyond)
+  // Structured output (null: the fields that need them are a 400). `grammars` for response_format
+  // and the guided_* fields; `tool_grammars` counts the chat format's tool-call control tokens as
+  // text, for forced tool calls only.
+  std::shared_ptr<grammar::GrammarCompiler> grammars, tool_grammars;
 };
 
 struct GenerationSpec {
@@ -68,9 +77,15 @@ struct GenerationSpec {
   int top_logprobs = 0;
   int priority = 0;
   std::vector<int32_t> forced_output;  // test hook: the tokens every choice emits
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;  // constrained decoding, when requested
 };
 
 using ParseResult = std::variant<GenerationSpec, ApiError>;
+
+// Sets ctx.grammars and ctx.tool_grammars from ctx.tokenizer (stop token ctx.eos_id; mask_size: the
+// model's logit count, which may exceed the tokenizer's ids): once per served model, so every
+// request shares their caches of compiled grammars.
+void attach_grammar_compilers(ModelContext& ctx, int32_t mask_size);
 
 // Body bytes -> spec. Checks UTF-8, JSON syntax, every field's type and range, the model name (404)
 // and the context length.

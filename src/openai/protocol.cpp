@@ -212,10 +212,40 @@ ConversionResult convert_chat_request(const json& body, const ConversionOptions&
       const std::string t = need_string(*type, "response_format.type");
       if (t == "json_object") {
         req.json_mode = true;
+        out.structured.kind = StructuredOutput::Kind::JsonObject;
+        out.structured.field = "response_format";
+      } else if (t == "json_schema") {
+        const json* js = member(*rf, "json_schema");
+        if (!js || !js->is_object()) fail("response_format.json_schema", "is required and must be an object");
+        if (const json* name = member(*js, "name")) need_string(*name, "response_format.json_schema.name");
+        const json* schema = member(*js, "schema");
+        if (!schema) fail("response_format.json_schema.schema", "is required");
+        if (!schema->is_object() && !schema->is_boolean())
+          fail("response_format.json_schema.schema", "must be a JSON Schema object, got " + type_name(*schema));
+        if (const json* strict = member(*js, "strict")) {
+          if (!strict->is_boolean() && !strict->is_null())
+            fail("response_format.json_schema.strict", "must be a boolean, got " + type_name(*strict));
+          out.structured.strict = strict->is_boolean() && strict->get<bool>();
+        }
+        out.structured.kind = StructuredOutput::Kind::JsonSchema;
+        out.structured.schema = *schema;
+        out.structured.field = "response_format.json_schema.schema";
       } else if (t != "text") {
-        fail("response_format.type", "\"" + t + "\" is not supported (use \"text\" or \"json_object\")");
+        fail("response_format.type", "\"" + t + "\" is not supported (use \"text\", \"json_object\" or \"json_schema\")");
       }
     }
+    if (req.tool_choice == chat::ToolChoice::Required) {
+      // The forced call is the whole output: response_format has nothing left to constrain.
+      out.structured = {};
+      out.structured.kind = StructuredOutput::Kind::ToolCall;
+      out.structured.field = "tool_choice";
+      out.structured.parallel_tool_calls = parallel_tool_calls;
+    }
+    // A grammar constrains the whole output, so there is no room for reasoning before it.
+    const bool constrained = out.structured.kind != StructuredOutput::Kind::None || member(body, "guided_json") ||
+                             member(body, "guided_regex") || member(body, "guided_grammar");
+    if (constrained && options.format == ChatFormat::DeepSeekR1)
+      fail("response_format", "constrained output needs a chat format whose prompt does not force reasoning (not deepseek-r1)");
 
     // Thinking: explicit switches win over what reasoning_effort implies.
     std::optional<bool> thinking;
@@ -272,6 +302,7 @@ ConversionResult convert_chat_request(const json& body, const ConversionOptions&
       }
     }
     req.thinking = thinking.value_or(options.default_thinking);
+    if (constrained) req.thinking = false;
 
     std::vector<std::string> stop;
     if (const json* s = member(body, "stop")) {
@@ -308,7 +339,8 @@ ConversionResult convert_chat_request(const json& body, const ConversionOptions&
     }
     if (options.format == ChatFormat::DeepSeekR1) req.thinking = true;
     if (options.format == ChatFormat::DeepSeekV3) req.thinking = false;
-    p.parse_json_output = req.json_mode;
+    // JSON mode is enforced by the grammar, not repaired afterwards.
+    p.parse_json_output = false;
     p.max_tool_calls = parallel_tool_calls ? 0 : 1;
     p.stop_sequences = std::move(stop);
     // Validate against the format now so the caller gets a 400, not a failure at encode time.

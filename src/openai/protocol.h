@@ -30,9 +30,19 @@ struct ConversionOptions {
   JsonLimits json_limits;  // for tool-call arguments sent as JSON text
 };
 
+// What the output is constrained to (compiled into a grammar by the caller).
+struct StructuredOutput {
+  enum class Kind { None, JsonObject, JsonSchema, ToolCall } kind = Kind::None;
+  nlohmann::ordered_json schema;  // JsonSchema
+  bool strict = false;            // JsonSchema: response_format.json_schema.strict
+  std::string field;              // the request field it came from, for errors
+  bool parallel_tool_calls = true;
+};
+
 struct ConvertedRequest {
   chat::ChatRequest chat;
   stream::ParserOptions parser;
+  StructuredOutput structured;
 };
 
 struct ConversionResult {

@@ -230,6 +230,8 @@ void Generation::start() {
     rp.ignore_eos = spec_.ignore_eos || !spec_.forced_output.empty();
     rp.n = n;
     rp.priority = spec_.priority;
+    // The test hook's forced tokens replace the engine's anyway.
+    if (spec_.forced_output.empty()) rp.grammar = spec_.grammar;
     const engine::SubmitResult r = ctx_->engine->submit(std::move(rp), std::make_shared<Sink>(self, int(i)));
     if (r.error != engine::SubmitError::None) {
       for (size_t j = 0; j < i; ++j) ctx_->engine->cancel(subs_[j].engine_id);

@@ -58,6 +58,14 @@ void Server::start() {
       ctx->model.max_n = opt_.max_n;
       ctx->model.test_hooks = opt_.test_hooks;
       ctx->model.json_limits = opt_.json_limits;
+      // Masks span the model's logits (which may exceed the tokenizer's ids); test-double engines
+      // have no model, and no grammar reaches them.
+      int32_t logits = ctx->model.vocab_size;
+      try {
+        logits = int32_t(ctx->engine->model().info().vocab_size);
+      } catch (const std::logic_error&) {
+      }
+      openai::attach_grammar_compilers(ctx->model, logits);
       ctx->metrics = &metrics_;
       ctx->sse_keepalive_s = opt_.sse_keepalive_s;
       ctx->shutdown_timeout_s = opt_.shutdown_timeout_s;
