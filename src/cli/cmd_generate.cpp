@@ -73,12 +73,12 @@ class EventQueue final : public engine::RequestSink {
     engine::FinishEvent finish;
   };
 
-  void on_start(const engine::StartEvent&) override { push({Event::Start, Clock::now()}); }
+  void on_start(const engine::StartEvent&) override { push({Event::Start, Clock::now(), 0, {}}); }
   void on_logits(int, std::span<const float> logits) override {
     std::lock_guard lk(mu_);
     logits_.insert(logits_.end(), logits.begin(), logits.end());
   }
-  void on_token(const engine::TokenEvent& t) override { push({Event::Token, Clock::now(), t.token}); }
+  void on_token(const engine::TokenEvent& t) override { push({Event::Token, Clock::now(), t.token, {}}); }
   void on_finish(const engine::FinishEvent& f) override { push({Event::Finish, Clock::now(), 0, f}); }
 
   Event pop() {
