@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvcache/row_cache.h"
+#include "engine/engine.h"
 #include "model/model.h"
 
 namespace di::test {
@@ -225,5 +226,22 @@ class FakeModel final : public Model {
   ModelInfo info_;
   bool snapshots_;
 };
+
+// A prompt of n ids in the fake vocabulary (never BOS/EOS), different for each seed.
+inline std::vector<int32_t> prompt_of(int n, int seed) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(int32_t(2 + (i * 7 + seed * 13) % (FakeModel::kVocab - 2)));
+  return p;
+}
+
+// Small pages and steps, so that a few dozen tokens exercise paging, chunking and batching.
+inline engine::EngineOptions fake_engine_options() {
+  engine::EngineOptions o;
+  o.cache_budget_bytes = 1 << 20;
+  o.page_tokens = 8;
+  o.max_batch_tokens = 24;
+  o.max_running = 16;
+  return o;
+}
 
 }  // namespace di::test

@@ -18,16 +18,11 @@
 using namespace di;
 using namespace di::engine;
 using di::test::FakeModel;
+using di::test::prompt_of;
 using di::test::Recorder;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<int32_t> prompt_of(int n, int seed) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back(int32_t(2 + (i * 7 + seed * 13) % (FakeModel::kVocab - 2)));
-  return p;
-}
 
 class EngineDiskCache : public ::testing::Test {
  protected:
@@ -39,11 +34,7 @@ class EngineDiskCache : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   EngineOptions options() const {
-    EngineOptions o;
-    o.cache_budget_bytes = 1 << 20;
-    o.page_tokens = 8;
-    o.max_batch_tokens = 24;
-    o.max_running = 16;
+    EngineOptions o = test::fake_engine_options();
     o.cache_dir = dir_.string();
     return o;
   }

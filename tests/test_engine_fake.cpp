@@ -19,24 +19,12 @@
 using namespace di;
 using namespace di::engine;
 using di::test::FakeModel;
+using di::test::prompt_of;
 using di::test::Recorder;
 
 namespace {
 
-std::vector<int32_t> prompt_of(int n, int seed) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back(int32_t(2 + (i * 7 + seed * 13) % (FakeModel::kVocab - 2)));
-  return p;
-}
-
-EngineOptions options() {
-  EngineOptions o;
-  o.cache_budget_bytes = 1 << 20;
-  o.page_tokens = 8;
-  o.max_batch_tokens = 24;
-  o.max_running = 16;
-  return o;
-}
+EngineOptions options() { return test::fake_engine_options(); }
 
 void expect_no_leak(Scheduler& s) {
   EXPECT_EQ(s.pool().used_bytes(), s.prefix_cache().bytes()) << "only the prefix cache may hold pages when idle";

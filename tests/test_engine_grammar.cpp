@@ -26,6 +26,7 @@
 using namespace di;
 using namespace di::engine;
 using di::test::FakeModel;
+using di::test::prompt_of;
 using di::test::Recorder;
 
 namespace {
@@ -51,20 +52,7 @@ std::shared_ptr<const grammar::CompiledGrammar> compile(const grammar::Grammar& 
   return grammar::CompiledGrammar::compile(g, fake_vocab());
 }
 
-std::vector<int32_t> prompt_of(int n, int seed) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back(int32_t(2 + (i * 7 + seed * 13) % (FakeModel::kVocab - 2)));
-  return p;
-}
-
-EngineOptions options() {
-  EngineOptions o;
-  o.cache_budget_bytes = 1 << 20;
-  o.page_tokens = 8;
-  o.max_batch_tokens = 24;
-  o.max_running = 16;
-  return o;
-}
+EngineOptions options() { return test::fake_engine_options(); }
 
 RequestParams sampled(std::vector<int32_t> prompt, std::shared_ptr<const grammar::CompiledGrammar> g, uint64_t seed,
                       int n = 1, int max_tokens = 200) {
