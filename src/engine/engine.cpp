@@ -239,8 +239,7 @@ class EngineImpl final : public Engine {
     stats_.snapshot_hits = c.snapshot_hits;
     stats_.replayed_tokens = c.replayed_tokens;
     if (const DiskCache* d = sched_.disk()) {
-      stats_.disk = true;
-      stats_.disk_stats = d->tier().stats();
+      stats_.disk = true;  // disk_stats are read live in stats()
       stats_.disk_pages_read = d->pages_read();
       stats_.disk_snapshots_read = d->snapshots_read();
     }

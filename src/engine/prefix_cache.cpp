@@ -157,31 +157,21 @@ void PrefixCache::extend_keys(const CacheKey& root, std::span<const int32_t> tok
   }
 }
 
-size_t PrefixCache::acquire(std::span<const CacheKey> keys, std::vector<Entry*>& held) {
+size_t PrefixCache::acquire(std::span<const CacheKey> keys, std::vector<Entry*>& held) { return hold(keys, held, false); }
+
+size_t PrefixCache::pin(std::span<const CacheKey> keys, std::vector<Entry*>& pinned) { return hold(keys, pinned, true); }
+
+size_t PrefixCache::hold(std::span<const CacheKey> keys, std::vector<Entry*>& out, bool pin) {
   size_t n = 0;
   for (const CacheKey& k : keys) {
     auto it = map_.find(k);
     if (it == map_.end()) break;
     Entry* e = it->second.get();
     ++e->refs;
-    ++e->hits;
+    if (pin) ++e->snapshot_pins;
+    else ++e->hits;  // a pin is not a hit
     touch(e);
-    held.push_back(e);
-    ++n;
-  }
-  return n;
-}
-
-size_t PrefixCache::pin(std::span<const CacheKey> keys, std::vector<Entry*>& pinned) {
-  size_t n = 0;
-  for (const CacheKey& k : keys) {  // as acquire, but a pin is not a hit
-    auto it = map_.find(k);
-    if (it == map_.end()) break;
-    Entry* e = it->second.get();
-    ++e->refs;
-    ++e->snapshot_pins;
-    touch(e);
-    pinned.push_back(e);
+    out.push_back(e);
     ++n;
   }
   return n;

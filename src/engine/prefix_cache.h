@@ -127,6 +127,8 @@ class PrefixCache {
   struct KeyHash {
     size_t operator()(const CacheKey& k) const;
   };
+  // acquire and pin: a reference on each entry of the cached run along `keys`, appended to `out`.
+  size_t hold(std::span<const CacheKey> keys, std::vector<Entry*>& out, bool pin);
   bool evictable(const Entry& e) const;
   void erase(Entry* e);
   void drop_snapshot(Entry* e);

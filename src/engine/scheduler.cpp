@@ -155,10 +155,6 @@ void Scheduler::poll_fetches() {
     }
 }
 
-bool Scheduler::fetch_pending() const {
-  return std::any_of(waiting_.begin(), waiting_.end(), [](const Seq* s) { return s->fetch != nullptr; });
-}
-
 uint64_t Scheduler::flush_cache() {
   const size_t before = cache_.entries();
   cache_.evict_all();
@@ -389,15 +385,15 @@ bool Scheduler::step() {
     if (!admit(s, budget)) break;
   }
 
-  if (items_.empty() && fetch_pending()) {
-    // Nothing to run until a disk read completes: wait a little for one instead of spinning.
-    for (Seq* s : waiting_)
-      if (s->fetch) {
-        s->fetch->wait_until(std::min(s->fetch->deadline, Clock::now() + std::chrono::milliseconds(2)));
-        break;
-      }
-    collect_done();
-    return true;
+  if (items_.empty()) {
+    auto fetching = std::find_if(waiting_.begin(), waiting_.end(), [](const Seq* s) { return s->fetch != nullptr; });
+    if (fetching != waiting_.end()) {
+      // Nothing to run until a disk read completes: wait a little for one instead of spinning.
+      const DiskCache::Fetch& f = *(*fetching)->fetch;
+      f.wait_until(std::min(f.deadline, Clock::now() + std::chrono::milliseconds(2)));
+      collect_done();
+      return true;
+    }
   }
   if (items_.empty()) {
     // Paused choices wait for their clients; nothing else can run until one resumes.

@@ -100,7 +100,6 @@ class Scheduler {
   kvcache::PageRef take_snapshot(const Seq& s);
   void after_chunk(Seq* s, bool prefill);
   void poll_fetches();       // moves finished (or timed out) disk reads of waiting choices into RAM
-  bool fetch_pending() const;  // a waiting choice still waits for its disk reads
   bool use_snapshots() const { return opts_.prefix_cache && opts_.snapshots && model_.has_snapshots(); }
   bool admit(Seq* s, int64_t& budget);
   void schedule(Seq* s, int64_t n);
